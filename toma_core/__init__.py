@@ -1,0 +1,30 @@
+"""ToMA (Token Merge with Attention, Lu et al., ICML 2025, arXiv 2509.10918) as a torch + einops
+library: tile-wise facility-location destinations, soft merge N -> D, transpose unmerge D -> N,
+and a sigma-based reuse schedule. Never imports ComfyUI.
+
+Axis vocabulary: B batch, N image tokens, D kept tokens, C channels, T text tokens, G tiles,
+n tokens per tile, k destinations per tile.
+"""
+
+from __future__ import annotations
+
+from .facility import facility_location
+from .plan import MergePlan, TiledMergePlan, check_plan_args, make_plan
+from .schedule import MergeSchedule, SigmaWindow, StepDecision, step_index
+from .similarity import SIMILARITIES
+from .tiling import TileGrid, kept_per_tile
+
+__all__ = [
+    "SIMILARITIES",
+    "MergePlan",
+    "MergeSchedule",
+    "SigmaWindow",
+    "StepDecision",
+    "TileGrid",
+    "TiledMergePlan",
+    "check_plan_args",
+    "facility_location",
+    "kept_per_tile",
+    "make_plan",
+    "step_index",
+]
