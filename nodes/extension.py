@@ -1,0 +1,16 @@
+"""The V3 extension: ComfyUI calls `comfy_entrypoint()` and registers the nodes it lists."""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from .toma_nodes import NODES
+
+
+class ToMAExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return list(NODES)
+
+
+async def comfy_entrypoint() -> ToMAExtension:
+    return ToMAExtension()

@@ -1,0 +1,88 @@
+"""User settings of a ToMA patch, validated once at node time.
+
+Pure Python + toma_core (no ComfyUI), so it is unit-tested everywhere. Every bad value raises a
+ValueError that names the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..toma_core import SIMILARITIES, MergeSchedule
+
+TOMA_KEY = "comfyui_toma"
+"""Pack-unique key: wrappers, the per-run state in transformer_options, log prefixes."""
+
+CALL_KEY = "comfyui_toma_call"
+"""transformer_options key of the per-model-call context (set by the APPLY_MODEL wrapper)."""
+
+SCOPES = ("block", "attention")
+"""block: whole transformer blocks run on merged tokens. attention: only attention (UNet only)."""
+
+RATIO_RANGE = (0.0, 0.95)
+TILE_SIZE_RANGE = (1, 32)
+TEMPERATURE_RANGE = (0.0, 1.0)
+MIN_TOKENS_RANGE = (0, 1 << 20)
+
+
+@dataclass(frozen=True)
+class ToMASettings:
+    """Everything a ToMA node configures.
+
+    ratio: share of image tokens merged away (N -> D = about N * (1 - ratio)).
+    tile_size: tile side in tokens; destinations are picked per t x t tile.
+    schedule: sigma window and re-selection interval (toma_core.MergeSchedule).
+    blocks: which blocks merge; "auto", "all" or a family-specific list (parsed per family).
+    min_tokens: a forward with fewer image tokens than this runs unmerged (0 = always merge).
+    similarity: one of toma_core.SIMILARITIES. temperature: softmax temperature of the
+    token -> destination assignment (0 = hard). scope: one of SCOPES. verbose: log per-call detail.
+    """
+
+    ratio: float = 0.5
+    tile_size: int = 4
+    schedule: MergeSchedule = field(default_factory=MergeSchedule)
+    blocks: str = "auto"
+    min_tokens: int = 0
+    similarity: str = "cosine"
+    temperature: float = 1e-3
+    scope: str = "block"
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        _check_range("ratio", self.ratio, *RATIO_RANGE, "share of image tokens merged away")
+        _check_int("tile_size", self.tile_size, *TILE_SIZE_RANGE, "tokens per tile side")
+        _check_int("min_tokens", self.min_tokens, *MIN_TOKENS_RANGE, "image tokens; 0 = always merge")
+        _check_range("temperature", self.temperature, *TEMPERATURE_RANGE, "0 = hard assignment")
+        if not isinstance(self.schedule, MergeSchedule):
+            raise ValueError(f"schedule={self.schedule!r} must be a toma_core.MergeSchedule")
+        if self.similarity not in SIMILARITIES:
+            raise ValueError(f"similarity={self.similarity!r} is not one of {', '.join(SIMILARITIES)}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
+        if not isinstance(self.blocks, str) or not self.blocks.strip():
+            raise ValueError(f"blocks={self.blocks!r} must be a non-empty string: 'auto', 'all' or a block list")
+        if not isinstance(self.verbose, bool):
+            raise ValueError(f"verbose={self.verbose!r} must be True or False")
+
+    @property
+    def merges(self) -> bool:
+        """False when no token can ever be merged (ratio 0 or an empty sigma window)."""
+        return self.ratio > 0 and self.schedule.end_percent > self.schedule.start_percent
+
+    def describe(self) -> str:
+        """Short text of the settings for the per-run log line."""
+        s = self.schedule
+        return (
+            f"ratio {self.ratio:g}, tile {self.tile_size}, blocks {self.blocks}, "
+            f"window {s.start_percent:g}-{s.end_percent:g}, recompute every {s.recompute_every}"
+        )
+
+
+def _check_range(name: str, value: float, low: float, high: float, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{name}={value!r} is outside [{low:g}, {high:g}] ({meaning})")
+
+
+def _check_int(name: str, value: int, low: int, high: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name}={value!r} must be an integer in [{low}, {high}] ({meaning})")

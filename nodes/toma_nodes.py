@@ -1,0 +1,139 @@
+"""The V3 nodes: "ToMA Patch" and "ToMA Patch (Advanced)".
+
+Both build a ToMASettings and call patching.patch_model, which clones the model, detects its
+family and installs the hooks. Inputs, ids and defaults follow issue 3 point 1.
+"""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..toma_core import SIMILARITIES, MergeSchedule
+from .patching import patch_model
+from .settings import RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_SIZE_RANGE, ToMASettings
+
+CATEGORY = "model_patches/ToMA"
+DESCRIPTION = (
+    "Speeds up Flux-family and SDXL/SD1.5 models by running their transformer blocks on fewer, "
+    "merged image tokens (ToMA token merging) and spreading each block's change back to every token."
+)
+OUTPUT_TOOLTIP = "The model with ToMA token merging; the input model is left unchanged."
+
+
+def basic_inputs() -> list:
+    """Inputs shared by both nodes, in the order of issue 3 point 1."""
+    return [
+        io.Model.Input("model", tooltip="The diffusion model to speed up (Flux, Flux Kontext/Fill, Chroma, SDXL, SD1.5)."),
+        io.Float.Input(
+            "ratio", default=0.5, min=RATIO_RANGE[0], max=RATIO_RANGE[1], step=0.05,
+            tooltip="Share of image tokens merged away inside the merged blocks. Higher is faster and "
+            "less faithful; 0 leaves the output bit-identical.",
+        ),
+        io.Int.Input(
+            "tile_size", default=4, min=TILE_SIZE_RANGE[0], max=TILE_SIZE_RANGE[1],
+            tooltip="Side of the square tiles, in tokens, within which tokens are merged. Small tiles keep "
+            "merges local (fewer artifacts); any image size works.",
+        ),
+        io.Float.Input(
+            "start_percent", default=0.0, min=0.0, max=1.0, step=0.01,
+            tooltip="Point of the sampling run (sigma percent, 0 = first step) where merging starts.",
+        ),
+        io.Float.Input(
+            "end_percent", default=1.0, min=0.0, max=1.0, step=0.01,
+            tooltip="Point of the sampling run (sigma percent, 1 = last step) where merging stops. "
+            "Stopping early leaves the last, detail-forming steps exact.",
+        ),
+        io.Int.Input(
+            "recompute_every", default=1, min=1, max=1000,
+            tooltip="Steps between re-selections of the destination tokens; larger reuses the merge "
+            "pattern across steps (faster, slightly less faithful).",
+        ),
+    ]
+
+
+def advanced_inputs() -> list:
+    """Extra inputs of the advanced node."""
+    return [
+        io.String.Input(
+            "blocks", default="auto",
+            tooltip="Blocks that merge: 'auto' (recommended per model), 'all', or a list such as "
+            "'double:5-18,single:5-37' (Flux) or 'input:4-8,middle,output:0-5' (UNet).",
+        ),
+        io.Int.Input(
+            "min_tokens", default=0, min=0, max=1 << 20,
+            tooltip="A model call with fewer image tokens than this runs unmerged, where merging "
+            "would not pay; 0 = always merge.",
+        ),
+        io.Combo.Input(
+            "similarity", options=list(SIMILARITIES), default=SIMILARITIES[0],
+            tooltip="How token likeness is measured when picking destinations: cosine (paper), "
+            "centered_cosine, or neg_sq_dist (k-medoids style).",
+        ),
+        io.Float.Input(
+            "temperature", default=0.001, min=TEMPERATURE_RANGE[0], max=TEMPERATURE_RANGE[1], step=0.0005,
+            tooltip="Softness of the token-to-destination assignment; 0.001 (paper) is nearly hard, "
+            "0 is a hard nearest-destination assignment.",
+        ),
+        io.Combo.Input(
+            "scope", options=list(SCOPES), default=SCOPES[0],
+            tooltip="block: whole transformer blocks run on merged tokens (fastest). attention: only "
+            "the attention runs merged (UNet only; most compatible).",
+        ),
+        io.Boolean.Input(
+            "verbose", default=False,
+            tooltip="Log one line per model call (step, merge on/off, token grid) in addition to the "
+            "per-run summary.",
+        ),
+    ]
+
+
+def build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, **advanced) -> ToMASettings:
+    """ToMASettings from node inputs (ValueError naming the bad value and its range)."""
+    schedule = MergeSchedule(float(start_percent), float(end_percent), int(recompute_every))
+    return ToMASettings(ratio=float(ratio), tile_size=int(tile_size), schedule=schedule, **advanced)
+
+
+class ToMAPatch(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ToMAPatch",
+            display_name="ToMA Patch",
+            category=CATEGORY,
+            description=DESCRIPTION,
+            inputs=basic_inputs(),
+            outputs=[io.Model.Output(tooltip=OUTPUT_TOOLTIP)],
+        )
+
+    @classmethod
+    def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every) -> io.NodeOutput:
+        settings = build_settings(ratio, tile_size, start_percent, end_percent, recompute_every)
+        return io.NodeOutput(patch_model(model, settings))
+
+
+class ToMAPatchAdvanced(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ToMAPatchAdvanced",
+            display_name="ToMA Patch (Advanced)",
+            category=CATEGORY,
+            description=DESCRIPTION,
+            inputs=basic_inputs() + advanced_inputs(),
+            outputs=[io.Model.Output(tooltip=OUTPUT_TOOLTIP)],
+        )
+
+    @classmethod
+    def execute(
+        cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
+        blocks, min_tokens, similarity, temperature, scope, verbose,
+    ) -> io.NodeOutput:
+        settings = build_settings(
+            ratio, tile_size, start_percent, end_percent, recompute_every, blocks=blocks,
+            min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
+            scope=scope, verbose=bool(verbose),
+        )
+        return io.NodeOutput(patch_model(model, settings))
+
+
+NODES = [ToMAPatch, ToMAPatchAdvanced]

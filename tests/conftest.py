@@ -1,0 +1,10 @@
+"""Puts tests/ on sys.path so every test can import the shared helpers (`pack`, `workflow_check`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
