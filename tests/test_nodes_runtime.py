@@ -1,0 +1,140 @@
+"""Runtime state and the Flux token helpers without ComfyUI: schedule decisions per call, plan
+cache keys, fresh holders on deepcopy, the report line, pe/mask row merging."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from pack import pack_module
+
+runtime = pack_module("nodes.runtime")
+settings_mod = pack_module("nodes.settings")
+flux = pack_module("nodes.flux")
+core = pack_module("toma_core")
+
+
+@dataclass(frozen=True)
+class FakeAdapter:
+    family: str = "fake"
+    blocks: str = "all"
+    num_blocks: int = 2
+
+    def call_geometry(self, x, context, kwargs):
+        return runtime.CallGeometry(x.shape[-2], x.shape[-1], None if context is None else context.shape[1])
+
+
+def make_state(**kwargs) -> "runtime.RunState":
+    config = runtime.ToMAConfig(settings_mod.ToMASettings(**kwargs), FakeAdapter())
+    state = runtime.RunState(config)
+    state.begin_run(lambda p: 10.0 * (1 - p), torch.tensor([10.0, 7.5, 5.0, 2.5, 0.0]))
+    return state
+
+
+def options(sigma: float, cond=(0, 1)):
+    return {"sigmas": torch.tensor([sigma]), "sample_sigmas": torch.tensor([10.0, 7.5, 5.0, 2.5, 0.0]),
+            "cond_or_uncond": list(cond), "uuids": ["a", "b"][: len(cond)]}
+
+
+def call(state, sigma, batch=2, hw=(8, 8), cond=(0, 1)):
+    x = torch.zeros(batch, 4, *hw)
+    return runtime.build_call(state, x, torch.tensor([sigma]), torch.zeros(batch, 5, 3), options(sigma, cond), {})
+
+
+def test_deepcopy_gives_fresh_holder():
+    state = make_state()
+    call(state, 10.0)
+    clone = copy.deepcopy({"s": state})["s"]
+    assert clone is not state and clone.config is state.config
+    assert clone.stats.calls == 0 and not clone.plans and not clone.running
+
+
+def test_window_and_steps():
+    state = make_state(schedule=core.MergeSchedule(0.0, 0.5, 1))
+    merged = [call(state, s).merge for s in (10.0, 7.5, 5.0, 2.5)]
+    assert merged == [True, True, False, False]
+    assert call(state, 5.0).reason == "outside the sigma window"
+    assert state.stats.steps_merged == {0, 1}
+
+
+def test_not_running_and_min_tokens():
+    state = runtime.RunState(make_state().config)
+    assert call(state, 10.0).reason == "outside a sampling run"
+    small = make_state(min_tokens=100)
+    assert "min_tokens=100" in call(small, 10.0).reason
+
+
+def test_plan_cache_keys_composition_and_epoch():
+    state = make_state(schedule=core.MergeSchedule(0.0, 1.0, 2))
+    feats = lambda: torch.randn(2, 64, 8)  # noqa: E731
+    a = call(state, 10.0).plan("s", 8, 8, feats)
+    assert call(state, 10.0).plan("s", 8, 8, feats) is a  # Heun / second eval of the step
+    assert call(state, 7.5).plan("s", 8, 8, feats) is a  # recompute_every=2: same epoch
+    assert call(state, 10.0, batch=1, cond=(0,)).plan("s", 8, 8, lambda: torch.randn(1, 64, 8)) is not a
+    assert call(state, 5.0).plan("s", 8, 8, feats) is not a  # new epoch
+    assert state.stats.plans_built == 3
+    assert all(key[-1] == 1 for key in state.plans)  # older epochs dropped
+
+
+def test_report_is_one_line_with_facts():
+    state = make_state(ratio=0.5)
+    ctx = call(state, 10.0)
+    ctx.plan("s", 8, 8, lambda: torch.randn(2, 64, 8))
+    ctx.record_block(True)
+    ctx.record_block(False, "attn_mask")
+    line = state.report()
+    assert "\n" not in line
+    for fact in ("64->32 tokens (8x8)", "1 block runs merged", "1 plans built", "1 block runs attn_mask"):
+        assert fact in line
+
+
+def test_find_call_order():
+    state = make_state()
+    ctx = call(state, 10.0)
+    assert runtime.find_call({"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
+    assert runtime.find_call({}, {"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
+    assert runtime.find_call({}) is None
+    runtime._ACTIVE.append(ctx)
+    try:
+        assert runtime.find_call({"transformer_options": {}}) is ctx
+    finally:
+        runtime._ACTIVE.pop()
+
+
+def test_merge_rows_gives_destination_rows_and_keeps_text():
+    torch.manual_seed(0)
+    plan = core.make_plan(torch.randn(2, 36, 8), 6, 6, 0.5, 3)
+    pe = torch.arange(2 * 1 * (4 + 36 + 3), dtype=torch.float32).view(2, 1, 43, 1)
+    merged = flux.merge_rows(pe, 2, 4, 36, plan)
+    d = plan.num_kept
+    assert merged.shape == (2, 1, 4 + d + 3, 1)
+    assert torch.equal(merged[:, :, :4], pe[:, :, :4]) and torch.equal(merged[:, :, 4 + d:], pe[:, :, 40:])
+    expected = torch.stack([pe[b, 0, 4 + plan.dst_index[b], 0] for b in range(2)])
+    assert torch.equal(merged[:, 0, 4:4 + d, 0], expected)
+
+
+def test_merge_rows_broadcasts_batch_one():
+    plan = core.make_plan(torch.randn(2, 16, 8), 4, 4, 0.5, 2)
+    pe = torch.randn(1, 1, 20, 3)
+    assert flux.merge_rows(pe, 2, 4, 16, plan).shape == (2, 1, 4 + plan.num_kept, 3)
+
+
+def test_merge_mask_square_and_refuses_other_layouts():
+    plan = core.make_plan(torch.randn(1, 16, 8), 4, 4, 0.5, 2)
+    mask = torch.randn(1, 20, 20)
+    merged, why = flux.merge_mask(mask, plan, 4, 16, 20)
+    d = plan.num_kept
+    assert why is None and merged.shape == (1, 4 + d, 4 + d)
+    idx = torch.cat([torch.arange(4), 4 + plan.dst_index[0]])
+    assert torch.equal(merged[0], mask[0][idx][:, idx])
+    assert flux.merge_mask(torch.randn(1, 20), plan, 4, 16, 20)[1] is not None
+
+
+def test_identity_plan_span_roundtrip_is_exact():
+    seq = torch.randn(2, 30, 8)
+    plan = core.make_plan(seq[:, 5:25], 4, 5, 0.0, 2)
+    x, x_m, seq_m = flux.merge_span(seq, 5, 20, plan)
+    assert torch.equal(seq_m, seq) and seq_m.data_ptr() != seq.data_ptr()
+    out = seq_m * 2
+    assert torch.equal(flux.unmerge_span(out, 5, plan, x, x_m), out)

@@ -1,0 +1,86 @@
+"""ToMASettings validation and the Flux `blocks` parser (no ComfyUI needed)."""
+
+from __future__ import annotations
+
+import pytest
+from pack import pack_module
+
+settings_mod = pack_module("nodes.settings")
+flux_blocks = pack_module("nodes.flux_blocks")
+core = pack_module("toma_core")
+ToMASettings = settings_mod.ToMASettings
+
+
+def test_defaults_are_valid_and_match_issue():
+    s = ToMASettings()
+    assert (s.ratio, s.tile_size, s.blocks, s.scope, s.min_tokens) == (0.5, 4, "auto", "block", 0)
+    assert s.schedule == core.MergeSchedule(0.0, 1.0, 1)
+    assert s.merges
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"ratio": 0.96}, ["ratio=0.96", "0.95"]),
+        ({"ratio": -0.1}, ["ratio=-0.1"]),
+        ({"tile_size": 0}, ["tile_size=0", "[1, 32]"]),
+        ({"tile_size": 2.5}, ["tile_size=2.5"]),
+        ({"min_tokens": -1}, ["min_tokens=-1"]),
+        ({"temperature": -1.0}, ["temperature=-1.0"]),
+        ({"similarity": "dot"}, ["similarity='dot'", "cosine"]),
+        ({"scope": "ff"}, ["scope='ff'", "block", "attention"]),
+        ({"blocks": " "}, ["blocks=' '"]),
+        ({"verbose": 1}, ["verbose=1"]),
+    ],
+)
+def test_bad_values_name_value_and_range(kwargs, words):
+    with pytest.raises(ValueError) as error:
+        ToMASettings(**kwargs)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_settings_are_frozen_and_hashable():
+    s = ToMASettings()
+    with pytest.raises(AttributeError):
+        s.ratio = 0.1  # type: ignore[misc]
+    assert hash(s) == hash(ToMASettings())
+
+
+def test_merges_false_for_ratio_zero_or_empty_window():
+    assert not ToMASettings(ratio=0.0).merges
+    assert not ToMASettings(schedule=core.MergeSchedule(0.5, 0.5, 1)).merges
+
+
+def test_flux_blocks_auto_matches_reference_for_flux1():
+    blocks = flux_blocks.parse_flux_blocks("auto", 19, 38)
+    assert blocks.describe() == "double:5-18,single:5-37"
+    assert blocks.count == 14 + 33
+
+
+def test_flux_blocks_auto_merges_everything_in_shallow_models():
+    assert flux_blocks.parse_flux_blocks("auto", 2, 2).count == 4
+
+
+def test_flux_blocks_all_and_lists():
+    assert flux_blocks.parse_flux_blocks("ALL", 3, 4).count == 7
+    blocks = flux_blocks.parse_flux_blocks("double:0-1, 3, single", 5, 2)
+    assert blocks.double == frozenset({0, 1, 3}) and blocks.single == frozenset({0, 1})
+    assert flux_blocks.parse_flux_blocks(blocks.describe(), 5, 2) == blocks
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("double:0-19", ["0-19", "0-18"]),
+        ("triple:1", ["triple", "double, single"]),
+        ("double:3-1", ["3-1"]),
+        ("double:a", ["'a'"]),
+        ("5", ["'5'"]),
+    ],
+)
+def test_flux_blocks_errors(spec, words):
+    with pytest.raises(ValueError) as error:
+        flux_blocks.parse_flux_blocks(spec, 19, 38)
+    for word in words:
+        assert word in str(error.value)
