@@ -1,0 +1,87 @@
+"""The UNet `blocks` parser and the "auto" rule (pure Python, no ComfyUI needed)."""
+
+from __future__ import annotations
+
+import pytest
+from pack import pack_module
+
+unet_blocks = pack_module("nodes.unet_blocks")
+parse = unet_blocks.parse_unet_blocks
+
+# SDXL's transformer blocks and their downsampling from the latent (DESIGN §2).
+SDXL = [("input", 4, 2), ("input", 5, 2), ("input", 7, 4), ("input", 8, 4), ("middle", 0, 4)] + [
+    ("output", i, 4) for i in range(3)
+] + [("output", i, 2) for i in range(3, 6)]
+# SD1.5: levels 1, 1/2, 1/4 with transformers, middle at 1/8.
+SD15 = [("input", i, d) for i, d in ((1, 1), (2, 1), (4, 2), (5, 2), (7, 4), (8, 4))] + [("middle", 0, 8)] + [
+    ("output", i, d) for i, d in ((3, 4), (4, 4), (5, 4), (6, 2), (7, 2), (8, 2), (9, 1), (10, 1), (11, 1))
+]
+
+
+def selected(spec: str, blocks: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
+    parsed = parse(spec)
+    return [(g, i) for g, i, d in blocks if parsed.selects((g, i), d)]
+
+
+def test_auto_covers_every_sdxl_level_including_32x32() -> None:
+    # issue 4 point 3: on SDXL at 1024^2 "auto" must include the 32x32 (1/4) level.
+    assert selected("auto", SDXL) == [(g, i) for g, i, _ in SDXL]
+    assert ("middle", 0) in selected("auto", SDXL)
+
+
+def test_auto_leaves_out_sd15_eighth_level() -> None:
+    chosen = selected("auto", SD15)
+    assert ("middle", 0) not in chosen
+    assert len(chosen) == len(SD15) - 1
+
+
+@pytest.mark.parametrize("spec", ["", "  AUTO ", "auto"])
+def test_auto_spellings(spec: str) -> None:
+    assert parse(spec).mode == "auto"
+
+
+def test_all_selects_everything() -> None:
+    assert selected("all", SD15) == [(g, i) for g, i, _ in SD15]
+
+
+def test_issue_example() -> None:
+    chosen = selected("input:4-8,middle,output:0-5", SDXL)
+    assert chosen == [(g, i) for g, i, _ in SDXL]
+    assert selected("input:4-8,middle,output:0-5", SD15) == [
+        ("input", 4), ("input", 5), ("input", 7), ("input", 8), ("middle", 0), ("output", 3), ("output", 4), ("output", 5),
+    ]
+
+
+def test_bare_ranges_continue_the_previous_group() -> None:
+    spec = parse("input:4, 5, 8, output:1")
+    assert spec.ids == {("input", 4), ("input", 5), ("input", 8), ("output", 1)}
+    assert not spec.groups
+
+
+def test_group_without_range_selects_whole_group() -> None:
+    assert selected("output", SDXL) == [(g, i) for g, i, _ in SDXL if g == "output"]
+    assert parse("middle").describe() == "middle"
+
+
+def test_describe_is_canonical() -> None:
+    assert parse("output:1, input:5-4".replace("5-4", "4-5")).describe() == "input:4,input:5,output:1"
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("double:0-3", ["'double:0-3'", "input, middle, output"]),
+        ("input:8-4", ["8-4", "N <= M"]),
+        ("input:a", ["'a'", "N-M"]),
+        ("4-5", ["group first"]),
+        (",", ["selects no block"]),
+        ("input:-1", ["'-1'"]),
+    ],
+)
+def test_bad_specs_name_the_item_and_the_forms(spec: str, words: list[str]) -> None:
+    with pytest.raises(ValueError) as error:
+        parse(spec)
+    message = str(error.value)
+    assert "input:4-8,middle,output:0-5" in message
+    for word in words:
+        assert word in message
