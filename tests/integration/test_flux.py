@@ -1,0 +1,308 @@
+"""ToMA on Flux-family models in real ComfyUI: tiny random-weight Flux sampled through
+`comfy.sample.sample` (issue 3 points 2-5). Skipped with a reason when ComfyUI is not importable.
+
+Token counts are measured, not assumed: an `optimized_attention_override` on the model records the
+sequence length of every attention call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tiny_models import FLUX_LATENT  # noqa: E402
+from pack import pack_module  # noqa: E402
+
+TEXT = 256
+"""Text tokens of make_conditioning's Flux conditioning."""
+
+RUNTIME_LOGGER = "comfyui_toma_pack.nodes.runtime"
+
+
+@pytest.fixture(scope="module")
+def toma(comfy: Any) -> Any:
+    """The pack's modules: patching, settings, core, nodes."""
+
+    class Modules:
+        patching = pack_module("nodes.patching")
+        settings = pack_module("nodes.settings")
+        core = pack_module("toma_core")
+        nodes = pack_module("nodes.toma_nodes")
+
+    return Modules
+
+
+def patch(toma: Any, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
+    schedule = toma.core.MergeSchedule(start, end, every)
+    return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
+
+
+def record_attention(model: Any) -> tuple[Any, list[int]]:
+    """A clone of `model` whose attention calls append their sequence length to the returned list."""
+    lengths: list[int] = []
+
+    def override(func, q, k, v, heads, *args, **kwargs):
+        lengths.append(int(q.shape[2] if kwargs.get("skip_reshape") else q.shape[1]))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    return clone, lengths
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4, cfg: float = 2.0) -> torch.Tensor:
+    import comfy.sample
+
+    latent = torch.zeros_like(noise)
+    pos, neg = tiny.make_conditioning(model, 1234), tiny.make_conditioning(model, 1235)
+    return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", pos, neg, latent, seed=0, disable_pbar=True)
+
+
+def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
+
+
+def test_ratio_zero_is_bit_identical(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    baseline = tiny.sample(tiny_flux, FLUX_LATENT, seed=3)
+    assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0, blocks="all"), FLUX_LATENT, seed=3), baseline)
+
+
+def test_attention_runs_on_fewer_tokens(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    plain, plain_lengths = record_attention(tiny_flux)
+    merged, merged_lengths = record_attention(patch(toma, tiny_flux, ratio=0.5, tile_size=4, blocks="all"))
+    baseline = tiny.sample(plain, FLUX_LATENT, steps=2)
+    out = tiny.sample(merged, FLUX_LATENT, steps=2)
+    assert set(plain_lengths) == {TEXT + 64}
+    assert set(merged_lengths) == {TEXT + 32}  # 8x8 grid, 2x2 tiles of 16 keep 8 each
+    assert len(merged_lengths) == len(plain_lengths) == 2 * 4  # 2 steps x (2 double + 2 single)
+    assert rel(out, baseline) > 1e-3
+
+
+def test_auto_and_listed_blocks_merge_only_those(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    merged, lengths = record_attention(patch(toma, tiny_flux, blocks="double:1,single:0"))
+    tiny.sample(merged, FLUX_LATENT, steps=1)
+    assert lengths == [TEXT + 64, TEXT + 32, TEXT + 32, TEXT + 64]
+
+
+def test_unpatched_model_unchanged_after_patched_runs(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    baseline = tiny.sample(tiny_flux, FLUX_LATENT, seed=5)
+    patched = patch(toma, tiny_flux)
+    tiny.sample(patched, FLUX_LATENT, seed=5)
+    tiny.sample(patched, (1, 16, 12, 20), seed=5)
+    assert torch.equal(tiny.sample(tiny_flux, FLUX_LATENT, seed=5), baseline)
+    assert toma.settings.TOMA_KEY not in tiny_flux.model_options.get("transformer_options", {})
+    assert not tiny_flux.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit")
+
+
+def test_deterministic(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    patched = patch(toma, tiny_flux)
+    first = tiny.sample(patched, FLUX_LATENT, seed=7)
+    assert torch.equal(tiny.sample(patched, FLUX_LATENT, seed=7), first)
+    assert torch.equal(tiny.sample(patch(toma, tiny_flux), FLUX_LATENT, seed=7), first)
+
+
+@pytest.mark.parametrize("steps, bound", [(1, 1e-4), (2, 0.1)])
+def test_batch_of_two_equals_two_single_runs(tiny_flux: Any, tiny: Any, toma: Any, steps: int, bound: float) -> None:
+    """Per-sample plans, judged against ToMA's own effect (a shared plan would be most of it).
+
+    After one step the batch equals the single runs to float noise. Later steps start from
+    inputs that differ by float noise, which can flip near-ties in the greedy selection of this
+    random-weight model; the difference then grows (measured: 2.5% of the effect after 2
+    steps, 17% after 4), so only one and two steps are checked.
+    """
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn((2, *FLUX_LATENT[1:]), generator=gen)
+    patched = patch(toma, tiny_flux)
+    batch = sample_with_noise(tiny, patched, noise, steps=steps)
+    singles = torch.cat([sample_with_noise(tiny, patched, noise[i:i + 1], steps=steps) for i in range(2)])
+    plain = sample_with_noise(tiny, tiny_flux, noise, steps=steps)
+    effect = rel(batch, plain)
+    assert effect > 1e-2
+    assert rel(batch, singles) < bound * effect
+
+
+def test_kontext_reference_tokens_pass_through(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    ref = torch.randn((1, 16, 8, 12), generator=torch.Generator().manual_seed(2))
+    pos = tiny.make_conditioning(tiny_flux, 1234, reference_latents=[ref])
+    neg = tiny.make_conditioning(tiny_flux, 1235)
+    baseline = tiny.sample(tiny_flux, FLUX_LATENT, positive=pos, negative=neg)
+    zero = patch(toma, tiny_flux, ratio=0.0, blocks="all")
+    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
+    merged, lengths = record_attention(patch(toma, tiny_flux, blocks="all"))
+    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg, steps=1)
+    refs = 4 * 6
+    assert sorted(set(lengths)) == [TEXT + 32, TEXT + 32 + refs]  # uncond alone, cond with refs
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 18, 26), (1, 16, 17, 23), (1, 16, 2, 30), (1, 16, 10, 10)])
+def test_any_resolution(tiny_flux: Any, tiny: Any, toma: Any, shape: tuple[int, ...]) -> None:
+    merged, lengths = record_attention(patch(toma, tiny_flux, tile_size=4))
+    out = tiny.sample(merged, shape, steps=2)
+    baseline = tiny.sample(tiny_flux, shape, steps=2)
+    h, w = -(-shape[2] // 2), -(-shape[3] // 2)
+    assert out.shape == baseline.shape and torch.isfinite(out).all()
+    assert max(lengths) < TEXT + h * w
+    assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0), shape, steps=2), baseline)
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_cfg_one_and_above(tiny_flux: Any, tiny: Any, toma: Any, cfg: float) -> None:
+    baseline = tiny.sample(tiny_flux, FLUX_LATENT, cfg=cfg)
+    assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0), FLUX_LATENT, cfg=cfg), baseline)
+    assert rel(tiny.sample(patch(toma, tiny_flux), FLUX_LATENT, cfg=cfg), baseline) > 1e-3
+
+
+def test_heun_shares_one_plan_per_step(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    patched = patch(toma, tiny_flux)
+    out = tiny.sample(patched, FLUX_LATENT, steps=3, sampler_name="heun")
+    assert torch.isfinite(out).all()
+    (line,) = run_lines(caplog)
+    assert "merged 3/3 steps, 5/5 calls" in line  # heun: 2 evaluations per step except the last
+    assert "3 plans built" in line
+
+
+def test_denoise_below_one(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    start = torch.randn(FLUX_LATENT, generator=torch.Generator().manual_seed(4))
+    baseline = tiny.sample(tiny_flux, None, latent_image=start, denoise=0.5)
+    assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0), None, latent_image=start, denoise=0.5), baseline)
+    tiny.sample(patch(toma, tiny_flux, end=0.75), None, latent_image=start, denoise=0.5, steps=4)
+    assert "/4 steps" in run_lines(caplog)[-1]
+
+
+def test_split_sampling_uses_sigma_window(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """KSamplerAdvanced-style halves: merging for the first half of sigma only."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    patched = patch(toma, tiny_flux, end=0.5)
+    kwargs = dict(seed=1, steps=6)
+    tiny.sample(patched, FLUX_LATENT, **kwargs)
+    first = tiny.sample(patched, FLUX_LATENT, start_step=0, last_step=3, force_full_denoise=False, **kwargs)
+    tiny.sample(patched, None, latent_image=first, start_step=3, last_step=6, disable_noise=True, **kwargs)
+    lines = run_lines(caplog)
+    assert len(lines) == 3
+    merged = [int(line.split("merged ")[1].split("/")[0]) for line in lines]
+    assert 0 < merged[0] < 6  # the sigma window, not a step count, decides
+    assert merged[1] == 3 and merged[1] + merged[2] == merged[0]
+
+
+def test_two_resolutions_do_not_leak(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    patched = patch(toma, tiny_flux)
+    tiny.sample(patched, FLUX_LATENT, seed=2)
+    second = tiny.sample(patched, (1, 16, 12, 20), seed=2)
+    assert torch.equal(second, tiny.sample(patch(toma, tiny_flux), (1, 16, 12, 20), seed=2))
+
+
+def test_recompute_every_reuses_plans(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    tiny.sample(patch(toma, tiny_flux, every=2), FLUX_LATENT, steps=4)
+    assert "2 plans built" in run_lines(caplog)[-1]
+
+
+def test_one_log_line_per_run(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    patched = patch(toma, tiny_flux)
+    tiny.sample(patched, FLUX_LATENT, steps=2)
+    tiny.sample(patched, FLUX_LATENT, steps=2)
+    lines = run_lines(caplog)
+    assert len(lines) == 2
+    assert "64->32 tokens (8x8)" in lines[0] and "merged 2/2 steps" in lines[0] and "2 plans built" in lines[0]
+    assert "8 block runs merged" in lines[0] and "unmerged: none" in lines[0]
+
+
+def test_unsupported_model_is_refused(tiny_flux: Any, toma: Any) -> None:
+    class Patcher:
+        def get_model_object(self, name: str) -> Any:
+            return torch.nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match=r"torch\.nn\.modules\.linear\.Linear.*supported families: Flux"):
+        toma.patching.patch_model(Patcher(), toma.settings.ToMASettings())
+    with pytest.raises(ValueError, match="scope='attention'"):
+        patch(toma, tiny_flux, scope="attention")
+    with pytest.raises(ValueError, match="double range 0-7"):
+        patch(toma, tiny_flux, blocks="double:0-7")
+
+
+def test_reapplying_replaces(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    import comfy.patcher_extension as pe
+
+    once = patch(toma, tiny_flux, ratio=0.5)
+    twice = patch(toma, patch(toma, tiny_flux, ratio=0.25, blocks="double:0"), ratio=0.5)
+    for kind in (pe.WrappersMP.OUTER_SAMPLE, pe.WrappersMP.APPLY_MODEL):
+        assert len(twice.get_wrappers(kind, toma.settings.TOMA_KEY)) == 1
+    assert torch.equal(tiny.sample(twice, FLUX_LATENT), tiny.sample(once, FLUX_LATENT))
+    off = patch(toma, once, ratio=0.0, blocks="double:0")
+    assert set(off.model_options["transformer_options"]["patches_replace"]["dit"]) == {("double_block", 0)}
+
+
+def test_foreign_replacement_stays_outermost(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    """Another pack's block replacement keeps working; ToMA merges only around the real block."""
+    seen: list[int] = []
+
+    def foreign(args: dict, extra: dict) -> dict:
+        seen.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    other = tiny_flux.clone()
+    other.set_model_patch_replace(foreign, "dit", "double_block", 0)
+    merged, lengths = record_attention(patch(toma, other, blocks="all"))
+    tiny.sample(merged, FLUX_LATENT, steps=1)
+    assert seen == [64]  # the foreign function sees all N image tokens
+    assert set(lengths) == {TEXT + 32}
+
+
+def test_hooks_called_without_transformer_options(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Caching packs call block replacements without transformer_options: use the fallback."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+
+    def strip(args: dict, extra: dict) -> dict:
+        return extra["original_block"]({k: v for k, v in args.items() if k != "transformer_options"})
+
+    other = tiny_flux.clone()
+    for i in range(2):
+        other.set_model_patch_replace(strip, "dit", "double_block", i)
+        other.set_model_patch_replace(strip, "dit", "single_block", i)
+    tiny.sample(patch(toma, other), FLUX_LATENT, steps=2)
+    assert "8 block runs merged" in run_lines(caplog)[-1]
+
+
+def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    nodes = toma.nodes
+    basic = nodes.ToMAPatch.define_schema()
+    assert basic.node_id == "ToMAPatch" and basic.display_name == "ToMA Patch"
+    assert [i.id for i in basic.inputs] == ["model", "ratio", "tile_size", "start_percent", "end_percent", "recompute_every"]
+    advanced = nodes.ToMAPatchAdvanced.define_schema()
+    assert advanced.display_name == "ToMA Patch (Advanced)"
+    assert [i.id for i in advanced.inputs][6:] == ["blocks", "min_tokens", "similarity", "temperature", "scope", "verbose"]
+    for schema in (basic, advanced):
+        assert schema.category == "model_patches/ToMA" and schema.description
+        assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
+    defaults = {i.id: i.default for i in basic.inputs[1:]}
+    assert defaults == {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, "recompute_every": 1}
+    out = nodes.ToMAPatch.execute(tiny_flux, 0.0, 4, 0.0, 1.0, 1)
+    assert torch.equal(tiny.sample(out.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))
+    with pytest.raises(ValueError, match="ratio=0.99"):
+        nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1)
+    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "block", False)
+    assert torch.equal(tiny.sample(adv.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))  # min_tokens
+
+
+def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
+    import asyncio
+
+    from pack import import_pack_init
+
+    module = import_pack_init()
+    assert not hasattr(module, "NODE_CLASS_MAPPINGS")
+    extension = asyncio.run(module.comfy_entrypoint())
+    ids = [node.define_schema().node_id for node in asyncio.run(extension.get_node_list())]
+    assert ids == ["ToMAPatch", "ToMAPatchAdvanced"]
