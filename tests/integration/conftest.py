@@ -1,0 +1,84 @@
+"""Fixtures for tests that run real ComfyUI code on tiny random models.
+
+Every fixture here depends on ``comfy``, which skips the test (with the reason) when no importable
+ComfyUI is found; see ``comfy_env.py`` for the search order. Run with::
+
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m pytest tests/integration -rs
+
+Model fixtures are session-scoped and shared: patch them only through ``clone()`` and the
+ModelPatcher APIs, never by writing to their weights (build a fresh model with ``tiny_models``
+for that).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if str(Path(__file__).parent) not in sys.path:  # also under --import-mode=importlib
+    sys.path.insert(0, str(Path(__file__).parent))
+
+import comfy_env  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+def _limit_threads() -> None:
+    """Run torch on one thread unless TOMA_TEST_THREADS says otherwise.
+
+    The tiny models' ops take microseconds; on a 2-core machine shared with other processes,
+    intra-op thread synchronisation made each op ~20x slower (seconds per sample instead of ~0.1 s).
+    """
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("TOMA_TEST_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def comfy() -> Path:
+    """The ComfyUI root, imported with cpu mode set; skips the test when unavailable."""
+    result = comfy_env.import_comfy()
+    if isinstance(result, str):
+        pytest.skip(result)
+    _limit_threads()
+    log.info("ComfyUI %s at %s", comfy_env.comfy_version(result), result)
+    return result
+
+
+@pytest.fixture(scope="session")
+def tiny(comfy: Path) -> Any:
+    """The ``tiny_models`` module (importable only once ComfyUI is on sys.path)."""
+    import tiny_models
+
+    return tiny_models
+
+
+@pytest.fixture(scope="session")
+def tiny_flux(tiny: Any) -> Any:
+    """A shared tiny Flux ModelPatcher (also serves Kontext: pass reference_latents)."""
+    return tiny.build_flux(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl(tiny: Any) -> Any:
+    """A shared tiny SDXL-topology ModelPatcher."""
+    return tiny.build_sdxl(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd15(tiny: Any) -> Any:
+    """A shared tiny SD1.5-topology ModelPatcher."""
+    return tiny.build_sd15(seed=0)
+
+
+@pytest.fixture(params=["flux", "sdxl", "sd15"])
+def any_tiny_model(request: pytest.FixtureRequest) -> Iterator[tuple[Any, tuple[int, ...]]]:
+    """(model_patcher, latent_shape) for each tiny model family in turn."""
+    tiny = request.getfixturevalue("tiny")
+    model = request.getfixturevalue(f"tiny_{request.param}")
+    yield model, tiny.FLUX_LATENT if request.param == "flux" else tiny.UNET_LATENT
