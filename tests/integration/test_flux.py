@@ -306,3 +306,23 @@ def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
     extension = asyncio.run(module.comfy_entrypoint())
     ids = [node.define_schema().node_id for node in asyncio.run(extension.get_node_list())]
     assert ids == ["ToMAPatch", "ToMAPatchAdvanced"]
+
+
+def test_example_workflow_matches_comfy_and_schema(comfy: Any, toma: Any) -> None:
+    """Core node types exist in ComfyUI's nodes.py; our node's widget values fit its schema."""
+    from pathlib import Path
+
+    import nodes as comfy_nodes
+    from workflow_check import FRONTEND_ONLY, PACK_NODES, check_workflow
+
+    path = Path(__file__).resolve().parents[2] / "example_workflows" / "flux_toma.json"
+    workflow = check_workflow(path)
+    for node in workflow["nodes"]:
+        if node["type"] not in PACK_NODES | FRONTEND_ONLY:
+            assert node["type"] in comfy_nodes.NODE_CLASS_MAPPINGS, node["type"]
+    schema = toma.nodes.ToMAPatch.define_schema()
+    toma_node = next(node for node in workflow["nodes"] if node["type"] == "ToMAPatch")
+    widgets = [i for i in schema.inputs if i.id != "model"]
+    assert len(toma_node["widgets_values"]) == len(widgets)
+    for spec, value in zip(widgets, toma_node["widgets_values"]):
+        assert spec.min <= value <= spec.max, spec.id

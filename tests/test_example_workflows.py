@@ -1,0 +1,38 @@
+"""The example workflows are well-formed UI-format graphs using only core nodes and ours."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from workflow_check import check_workflow, unconnected_required_inputs
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "example_workflows"
+
+
+def test_flux_workflow_is_well_formed():
+    workflow = check_workflow(EXAMPLES / "flux_toma.json")
+    types = {node["type"] for node in workflow["nodes"]}
+    assert {"UNETLoader", "DualCLIPLoader", "VAELoader", "ToMAPatch", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
+    assert not unconnected_required_inputs(workflow)
+    toma = next(node for node in workflow["nodes"] if node["type"] == "ToMAPatch")
+    assert toma["widgets_values"] == [0.5, 4, 0.0, 1.0, 1]
+    sampler = next(node for node in workflow["nodes"] if node["type"] == "KSampler")
+    model_link = sampler["inputs"][0]["link"]
+    assert any(link[0] == model_link and link[1] == toma["id"] for link in workflow["links"])
+
+
+def test_checker_catches_broken_links(tmp_path):
+    import json
+
+    workflow = json.loads((EXAMPLES / "flux_toma.json").read_text())
+    workflow["links"][0][3] = 999
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(workflow))
+    with pytest.raises(AssertionError, match="missing nodes"):
+        check_workflow(bad)
+    workflow = json.loads((EXAMPLES / "flux_toma.json").read_text())
+    workflow["nodes"][0]["type"] = "SomeOtherPackNode"
+    bad.write_text(json.dumps(workflow))
+    with pytest.raises(AssertionError, match="neither core"):
+        check_workflow(bad)

@@ -1,0 +1,86 @@
+"""Checks that an example workflow is a well-formed UI-format ComfyUI graph (as the frontend saves
+it) that uses only core node types and this pack's nodes, with consistent links.
+
+Pure Python: used by the CI tests (static list of core types) and by the integration tests, which
+also compare against ComfyUI's own NODE_CLASS_MAPPINGS.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+PACK_NODES = frozenset({"ToMAPatch", "ToMAPatchAdvanced"})
+
+FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
+"""Node types the frontend draws itself; they never reach the server."""
+
+CORE_NODES = frozenset({
+    "CheckpointLoaderSimple", "UNETLoader", "DualCLIPLoader", "CLIPLoader", "VAELoader", "LoraLoader",
+    "LoraLoaderModelOnly", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "KSamplerAdvanced",
+    "VAEDecode", "VAEEncode", "SaveImage", "PreviewImage", "LoadImage",
+})
+"""Core node types (ComfyUI's nodes.py) an example workflow may use."""
+
+
+def load_workflow(path: Path) -> dict[str, Any]:
+    """Parse `path` as JSON and check the top-level UI-format keys."""
+    workflow = json.loads(Path(path).read_text(encoding="utf-8"))
+    for key in ("nodes", "links", "last_node_id", "last_link_id"):
+        if key not in workflow:
+            raise AssertionError(f"{path}: missing top-level key {key!r} (not a UI-format workflow)")
+    return workflow
+
+
+def check_workflow(path: Path, core_nodes: frozenset[str] = CORE_NODES, pack_nodes: frozenset[str] = PACK_NODES) -> dict[str, Any]:
+    """Raise AssertionError describing the first problem; return the parsed workflow."""
+    workflow = load_workflow(path)
+    nodes = {node["id"]: node for node in workflow["nodes"]}
+    if len(nodes) != len(workflow["nodes"]):
+        raise AssertionError(f"{path}: duplicate node ids")
+    allowed = core_nodes | pack_nodes | FRONTEND_ONLY
+    for node in nodes.values():
+        if node["type"] not in allowed:
+            raise AssertionError(f"{path}: node {node['id']} has type {node['type']!r}, neither core nor this pack's")
+    if max(nodes, default=0) > workflow["last_node_id"]:
+        raise AssertionError(f"{path}: last_node_id {workflow['last_node_id']} < a node id")
+    _check_links(path, workflow, nodes)
+    if not any(node["type"] in pack_nodes for node in nodes.values()):
+        raise AssertionError(f"{path}: uses none of this pack's nodes")
+    return workflow
+
+
+def _check_links(path: Path, workflow: dict[str, Any], nodes: dict[int, dict[str, Any]]) -> None:
+    ids = set()
+    for link in workflow["links"]:
+        link_id, src, src_slot, dst, dst_slot, kind = link
+        ids.add(link_id)
+        if src not in nodes or dst not in nodes:
+            raise AssertionError(f"{path}: link {link_id} joins missing nodes {src} -> {dst}")
+        output = nodes[src]["outputs"][src_slot]
+        target = nodes[dst]["inputs"][dst_slot]
+        if link_id not in (output.get("links") or []) or target.get("link") != link_id:
+            raise AssertionError(f"{path}: link {link_id} is not recorded on both ends")
+        if not (output["type"] == target["type"] == kind):
+            raise AssertionError(f"{path}: link {link_id} joins {output['type']} to {target['type']} as {kind}")
+    if len(ids) != len(workflow["links"]) or max(ids, default=0) > workflow["last_link_id"]:
+        raise AssertionError(f"{path}: link ids are duplicated or exceed last_link_id")
+    for node in nodes.values():
+        for slot in node.get("inputs", []):
+            if slot.get("link") is not None and slot["link"] not in ids:
+                raise AssertionError(f"{path}: node {node['id']} input {slot['name']} names unknown link {slot['link']}")
+        for slot in node.get("outputs", []):
+            for link_id in slot.get("links") or []:
+                if link_id not in ids:
+                    raise AssertionError(f"{path}: node {node['id']} output {slot['name']} names unknown link {link_id}")
+
+
+def unconnected_required_inputs(workflow: dict[str, Any]) -> list[str]:
+    """Socket inputs listed on nodes but left unconnected (the frontend would refuse to queue)."""
+    missing = []
+    for node in workflow["nodes"]:
+        for slot in node.get("inputs", []):
+            if slot.get("link") is None and "widget" not in slot:
+                missing.append(f"{node['type']}#{node['id']}.{slot['name']}")
+    return missing
