@@ -147,6 +147,16 @@ def assignment(dst_sim: torch.Tensor, slot_valid: torch.Tensor, temperature: flo
     return torch.softmax(logits / temperature, dim=-2)
 
 
+def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.Tensor) -> torch.Tensor:
+    """Hard assignment (B, G, k, n) with every used destination pinned to its own token.
+
+    A tile of identical tokens yields distinct but identical destinations; argmax ties would send
+    all of them to the first, leaving the others empty (an all-zero merged token).
+    """
+    own = torch.zeros_like(assign).scatter_(-1, dst.unsqueeze(-1), 1.0) * slot_valid.unsqueeze(-1)
+    return torch.where(own.amax(dim=-2, keepdim=True) > 0, own, assign)
+
+
 def make_plan(
     features: torch.Tensor,
     height: int,
@@ -181,5 +191,8 @@ def make_plan(
     pad = grid.pad_mask.to(features.device).expand(sim.shape[:-1])
     dst = facility_location(sim, grid.k, pad)
     dst_sim = sim.gather(-2, dst.unsqueeze(-1).expand(*dst.shape, sim.shape[-1]))
-    assign = assignment(dst_sim, grid.slot_valid.to(features.device), temperature)
+    slot_valid = grid.slot_valid.to(features.device)
+    assign = assignment(dst_sim, slot_valid, temperature)
+    if temperature == 0:
+        assign = own_destinations(assign, dst, slot_valid)
     return TiledMergePlan(grid, dst, assign.masked_fill(pad.unsqueeze(-2), 0.0))
