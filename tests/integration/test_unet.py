@@ -1,0 +1,425 @@
+"""ToMA on UNet models in real ComfyUI: tiny random-weight SDXL and SD1.5 topologies sampled through
+`comfy.sample.sample` (issue 4 points 1-5). Skipped with a reason when ComfyUI is not importable.
+
+Tiny SDXL at a 16x16 latent: no transformers at full resolution, depth 1 at 8x8 (input 4, 5,
+output 3-5), depth 2 at 4x4 (input 7, 8, middle, output 0-2): 17 BasicTransformerBlocks. Tiny
+SD1.5: depth 1 at 16x16, 8x8, 4x4 and in the 2x2 middle block. Token counts are measured, not
+assumed: an `optimized_attention_override` records (query length, key length) of every
+attention call.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pack import pack_module  # noqa: E402
+
+LATENT = (1, 4, 16, 16)
+RUNTIME_LOGGER = "comfyui_toma_pack.nodes.runtime"
+TEXT = 77
+
+# Merged lengths at ratio 0.5, tile 4: a 16-token tile keeps 8.
+SDXL_PLAIN = [64] * 2 + [16] * 4 + [16] * 2 + [16] * 6 + [64] * 3
+"""Query length of attn1 per transformer block, in execution order (input 4,5; 7,8 x2; middle x2; output 0-2 x2; 3-5)."""
+
+
+@pytest.fixture(scope="module")
+def toma(comfy: Any) -> Any:
+    class Modules:
+        patching = pack_module("nodes.patching")
+        settings = pack_module("nodes.settings")
+        core = pack_module("toma_core")
+        runtime = pack_module("nodes.runtime")
+        unet = pack_module("nodes.unet")
+        nodes = pack_module("nodes.toma_nodes")
+
+    return Modules
+
+
+def patch(toma: Any, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
+    schedule = toma.core.MergeSchedule(start, end, every)
+    return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
+
+
+def record_attention(model: Any) -> tuple[Any, list[tuple[int, int]]]:
+    """A clone whose attention calls append (query length, key length) to the returned list."""
+    calls: list[tuple[int, int]] = []
+
+    def override(func, q, k, v, heads, *args, **kwargs):
+        dim = 2 if kwargs.get("skip_reshape") else 1
+        calls.append((int(q.shape[dim]), int(k.shape[dim])))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    return clone, calls
+
+
+def self_attention(calls: list[tuple[int, int]]) -> list[int]:
+    """Query lengths of the attn1 calls (attn2 has TEXT keys)."""
+    return [q for q, k in calls if k != TEXT]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
+
+
+def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4, cfg: float = 2.0, **kw: Any) -> torch.Tensor:
+    import comfy.sample
+
+    latent = torch.zeros_like(noise)
+    pos = kw.pop("positive", None) or tiny.make_conditioning(model, 1234)
+    neg = kw.pop("negative", None) or tiny.make_conditioning(model, 1235)
+    return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", pos, neg, latent, seed=0, disable_pbar=True, **kw)
+
+
+def tome(model: Any, ratio: float) -> Any:
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    return TomePatchModel.execute(model, ratio).result[0]
+
+
+# --- the test model itself is meaningful -------------------------------------------------
+
+
+def test_tiny_sdxl_output_depends_on_transformers(tiny_sdxl: Any, tiny: Any) -> None:
+    """Guard against vacuous comparisons (DESIGN §2 traps): non-zero output that changes when a
+    transformer block is disabled."""
+    baseline = tiny.sample(tiny_sdxl, LATENT, steps=2)
+    assert baseline.abs().max() > 0
+    other = tiny_sdxl.clone()
+    other.add_object_patch("diffusion_model.input_blocks.7.1.transformer_blocks.0.forward", lambda x, context=None, transformer_options={}: x)
+    assert rel(tiny.sample(other, LATENT, steps=2), baseline) > 1e-3
+
+
+# --- merging really happens, where selected ----------------------------------------------
+
+
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_ratio_zero_is_bit_identical(tiny_sdxl: Any, tiny_sd15: Any, tiny: Any, toma: Any, scope: str) -> None:
+    for model in (tiny_sdxl, tiny_sd15):
+        baseline = tiny.sample(model, LATENT, seed=3)
+        assert torch.equal(tiny.sample(patch(toma, model, ratio=0.0, blocks="all", scope=scope), LATENT, seed=3), baseline)
+
+
+def test_sdxl_attention_runs_on_fewer_tokens_at_every_level(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    plain, plain_calls = record_attention(tiny_sdxl)
+    merged, merged_calls = record_attention(patch(toma, tiny_sdxl))
+    baseline = tiny.sample(plain, LATENT, steps=1)
+    out = tiny.sample(merged, LATENT, steps=1)
+    assert self_attention(plain_calls) == SDXL_PLAIN
+    assert self_attention(merged_calls) == [n // 2 for n in SDXL_PLAIN]  # auto: 8x8 and 4x4 levels
+    assert [(q, k) for q, k in merged_calls if k == TEXT] == [(n // 2, TEXT) for n in SDXL_PLAIN]  # attn2 on D queries
+    assert all(k == q for q, k in merged_calls if k != TEXT)  # attn1 keys/values merged too
+    assert rel(out, baseline) > 1e-3
+
+
+def test_listed_blocks_merge_only_those(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    merged, calls = record_attention(patch(toma, tiny_sdxl, blocks="input:7-8,output:4"))
+    tiny.sample(merged, LATENT, steps=1)
+    expected = [64, 64] + [8] * 4 + [16] * 2 + [16] * 6 + [64, 32, 64]
+    assert self_attention(calls) == expected
+
+
+def test_builtin_tome_is_a_no_op_on_sdxl_but_toma_is_not(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    baseline = tiny.sample(tiny_sdxl, LATENT, seed=4)
+    for ratio in (0.25, 0.5, 0.75):
+        assert torch.equal(tiny.sample(tome(tiny_sdxl, ratio), LATENT, seed=4), baseline)
+        assert rel(tiny.sample(patch(toma, tiny_sdxl, ratio=ratio), LATENT, seed=4), baseline) > 1e-3
+
+
+def test_sd15_levels_and_auto(tiny_sd15: Any, tiny: Any, toma: Any) -> None:
+    """SD1.5: transformers at full latent resolution too; auto leaves out the 1/8 middle block."""
+    plain, plain_calls = record_attention(tiny_sd15)
+    merged, merged_calls = record_attention(patch(toma, tiny_sd15))
+    baseline = tiny.sample(plain, LATENT, steps=1)
+    out = tiny.sample(merged, LATENT, steps=1)
+    plain_q = self_attention(plain_calls)
+    assert plain_q == [256, 256, 64, 64, 16, 16, 4, 16, 16, 16, 64, 64, 64, 256, 256, 256]
+    expected = [n // 2 for n in plain_q]
+    expected[6] = 4  # middle block (2x2, 1/8) is not merged by auto
+    assert self_attention(merged_calls) == expected
+    assert rel(out, baseline) > 1e-3
+    # The built-in ToMe does act on SD1.5 (full-resolution transformers): our test can see it.
+    assert rel(tiny.sample(tome(tiny_sd15, 0.5), LATENT, steps=1), baseline) > 1e-4
+
+
+def test_attention_scope_merges_attention_only(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    merged, calls = record_attention(patch(toma, tiny_sdxl, scope="attention"))
+    out = tiny.sample(merged, LATENT, steps=1)
+    assert self_attention(calls) == [n // 2 for n in SDXL_PLAIN]
+    assert [q for q, k in calls if k == TEXT] == [n // 2 for n in SDXL_PLAIN]
+    block = tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=1)
+    assert rel(out, block) > 1e-4  # not the same computation as whole-block merging
+    assert torch.isfinite(out).all()
+
+
+# --- isolation, schedule, per-sample ---------------------------------------------------------
+
+
+def test_unpatched_model_unchanged_after_patched_runs(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    baseline = tiny.sample(tiny_sdxl, LATENT, seed=5)
+    patched = patch(toma, tiny_sdxl)
+    tiny.sample(patched, LATENT, seed=5)
+    tiny.sample(patched, (1, 4, 12, 20), seed=5)
+    tiny.sample(patch(toma, tiny_sdxl, scope="attention"), LATENT, seed=5)
+    assert torch.equal(tiny.sample(tiny_sdxl, LATENT, seed=5), baseline)
+    assert not tiny_sdxl.object_patches
+    options = tiny_sdxl.model_options.get("transformer_options", {})
+    assert toma.settings.TOMA_KEY not in options and not options.get("patches")
+    module = tiny_sdxl.model.diffusion_model.input_blocks[4][1].transformer_blocks[0]
+    assert getattr(module.__dict__.get("forward"), toma.unet.TOMA_MARK, None) is None
+
+
+def test_bypass_equals_never_patched(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    """A fresh, never-patched clone after patched runs in the same process (node bypassed)."""
+    patched = patch(toma, tiny_sdxl)
+    first = tiny.sample(tiny_sdxl.clone(), LATENT, seed=6)
+    tiny.sample(patched, LATENT, seed=6)
+    assert torch.equal(tiny.sample(tiny_sdxl.clone(), LATENT, seed=6), first)
+
+
+def test_deterministic(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    patched = patch(toma, tiny_sdxl)
+    first = tiny.sample(patched, LATENT, seed=7)
+    assert torch.equal(tiny.sample(patched, LATENT, seed=7), first)
+    assert torch.equal(tiny.sample(patch(toma, tiny_sdxl), LATENT, seed=7), first)
+
+
+@pytest.mark.parametrize("steps, bound", [(1, 1e-2), (2, 0.1)])
+def test_batch_of_two_equals_two_single_runs(tiny_sdxl: Any, tiny: Any, toma: Any, steps: int, bound: float) -> None:
+    """Per-sample plans, judged against ToMA's own effect (DESIGN §2 traps: near-ties may flip)."""
+    noise = torch.randn((2, *LATENT[1:]), generator=torch.Generator().manual_seed(0))
+    patched = patch(toma, tiny_sdxl)
+    batch = sample_with_noise(tiny, patched, noise, steps=steps)
+    singles = torch.cat([sample_with_noise(tiny, patched, noise[i:i + 1], steps=steps) for i in range(2)])
+    effect = rel(batch, sample_with_noise(tiny, tiny_sdxl, noise, steps=steps))
+    assert effect > 1e-2
+    assert rel(batch, singles) < bound * effect
+
+
+def test_cond_and_uncond_get_their_own_destinations(tiny_sdxl: Any, tiny: Any, toma: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plans: list[Any] = []
+    original = toma.runtime.make_plan
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        plans.append(original(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(toma.runtime, "make_plan", recording)
+    tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=1, cfg=3.0)
+    assert len(plans) == 2  # one per level (8x8, 4x4), cond and uncond in one batch of 2
+    for plan in plans:
+        assert plan.dst_index.shape[0] == 2
+    assert any(not torch.equal(p.dst_index[0], p.dst_index[1]) for p in plans)
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_cfg_one_and_above(tiny_sdxl: Any, tiny: Any, toma: Any, cfg: float) -> None:
+    baseline = tiny.sample(tiny_sdxl, LATENT, cfg=cfg)
+    assert torch.equal(tiny.sample(patch(toma, tiny_sdxl, ratio=0.0), LATENT, cfg=cfg), baseline)
+    assert rel(tiny.sample(patch(toma, tiny_sdxl), LATENT, cfg=cfg), baseline) > 1e-3
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 18, 26), (1, 4, 17, 23), (1, 4, 8, 40), (1, 4, 10, 10)])
+def test_any_resolution(tiny_sdxl: Any, tiny: Any, toma: Any, shape: tuple[int, ...]) -> None:
+    merged, calls = record_attention(patch(toma, tiny_sdxl))
+    plain, plain_calls = record_attention(tiny_sdxl)
+    out = tiny.sample(merged, shape, steps=2)
+    baseline = tiny.sample(plain, shape, steps=2)
+    assert out.shape == baseline.shape and torch.isfinite(out).all()
+    assert all(m < p for m, p in zip(self_attention(calls), self_attention(plain_calls)))
+    assert torch.equal(tiny.sample(patch(toma, tiny_sdxl, ratio=0.0), shape, steps=2), baseline)
+
+
+def test_heun_shares_one_plan_per_level_and_step(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    out = tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=3, sampler_name="heun")
+    assert torch.isfinite(out).all()
+    (line,) = run_lines(caplog)
+    assert "merged 3/3 steps, 5/5 calls" in line
+    assert "6 plans built" in line  # 2 levels x 3 steps
+
+
+def test_denoise_and_split_sampling(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    start = torch.randn(LATENT, generator=torch.Generator().manual_seed(4))
+    baseline = tiny.sample(tiny_sdxl, None, latent_image=start, denoise=0.5)
+    assert torch.equal(tiny.sample(patch(toma, tiny_sdxl, ratio=0.0), None, latent_image=start, denoise=0.5), baseline)
+    patched = patch(toma, tiny_sdxl, end=0.5)
+    kwargs = dict(seed=1, steps=6)
+    tiny.sample(patched, LATENT, **kwargs)
+    first = tiny.sample(patched, LATENT, start_step=0, last_step=3, force_full_denoise=False, **kwargs)
+    tiny.sample(patched, None, latent_image=first, start_step=3, last_step=6, disable_noise=True, **kwargs)
+    merged = [int(re.search(r"merged (\d+)/\d+ steps", line)[1]) for line in run_lines(caplog)[-3:]]
+    assert 0 < merged[0] < 6 and merged[1] + merged[2] == merged[0]
+
+
+def test_two_samplers_and_resolution_change_do_not_leak(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    patched = patch(toma, tiny_sdxl)
+    tiny.sample(patched, LATENT, seed=2)
+    second = tiny.sample(patched, (1, 4, 12, 20), seed=2)
+    assert torch.equal(second, tiny.sample(patch(toma, tiny_sdxl), (1, 4, 12, 20), seed=2))
+    assert torch.equal(tiny.sample(patched, LATENT, seed=2), tiny.sample(patch(toma, tiny_sdxl), LATENT, seed=2))
+
+
+def test_recompute_every_and_log_line(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    tiny.sample(patch(toma, tiny_sdxl, every=2), LATENT, steps=4)
+    tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=2)
+    reuse, line = run_lines(caplog)
+    assert "4 plans built" in reuse  # 2 levels x 2 epochs
+    assert "ToMA [unet]: 16->8 tokens (4x4); 64->32 tokens (8x8)" in line
+    assert "merged 2/2 steps" in line and "34 block runs merged" in line and "unmerged: none" in line
+
+
+def test_min_tokens_per_level(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    merged, calls = record_attention(patch(toma, tiny_sdxl, min_tokens=32))
+    tiny.sample(merged, LATENT, steps=1)
+    assert self_attention(calls) == [32, 32] + [16] * 12 + [32] * 3
+    assert "12 block runs level below min_tokens=32" in run_lines(caplog)[-1]
+
+
+# --- composition with other patches ------------------------------------------------------
+
+
+def test_foreign_attention_patches_see_merged_tokens(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    """IP-Adapter-style attn2 patch (extra image tokens appended to the text context) still runs
+    inside merged blocks and still changes the result."""
+    seen: list[int] = []
+    extra_tokens = torch.randn((1, 4, 64), generator=torch.Generator().manual_seed(9))
+
+    def ip_adapter_like(n, context, value, extra):
+        seen.append(n.shape[1])
+        more = extra_tokens.to(context).expand(context.shape[0], -1, -1)
+        return n, torch.cat([context, more], 1), torch.cat([value, more], 1)
+
+    other = tiny_sdxl.clone()
+    other.set_model_attn2_patch(ip_adapter_like)
+    for scope, first_seen in (("block", 32), ("attention", 64)):
+        merged, calls = record_attention(patch(toma, other, scope=scope))
+        seen.clear()
+        out = tiny.sample(merged, LATENT, steps=1)
+        without = tiny.sample(patch(toma, tiny_sdxl, scope=scope), LATENT, steps=1)
+        assert [q for q, k in calls if k == TEXT + 4] == [n // 2 for n in SDXL_PLAIN]
+        assert rel(out, without) > 1e-4
+        # block scope: the patch runs inside the merged block; attention scope: patches run in
+        # registration order, and this one was added before ToMA's.
+        assert seen[0] == first_seen
+
+
+def test_attention_replace_keeps_block_unmerged(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """SAG / PAG / IP-Adapter-plus style attn replace patches: those blocks run on all tokens (issue 7 pt 4)."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    seen: list[int] = []
+
+    def replace(q, k, v, extra):
+        seen.append(q.shape[1])
+        from comfy.ldm.modules.attention import optimized_attention
+
+        return optimized_attention(q, k, v, extra["n_heads"])
+
+    other = tiny_sdxl.clone()
+    other.set_model_attn1_replace(replace, "middle", 0, 0)
+    other.set_model_attn2_replace(replace, "input", 4)
+    merged, calls = record_attention(patch(toma, other))
+    tiny.sample(merged, LATENT, steps=1)
+    assert seen == [64, 16]  # input 4 (attn2) and middle depth 0 (attn1) at full N
+    expected = [n // 2 for n in SDXL_PLAIN]
+    expected[0] = 64
+    del expected[6]  # the replaced attn1 of middle depth 0 bypasses the recording override
+    assert self_attention(calls) == expected
+    assert "2 block runs attn1/attn2 replace patch present" in run_lines(caplog)[-1]
+
+
+def test_builtin_sag_and_pag_run(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    from comfy_extras.nodes_pag import PerturbedAttentionGuidance
+    from comfy_extras.nodes_sag import SelfAttentionGuidance
+
+    for order in ("toma_first", "toma_last"):
+        for guided in (
+            lambda m: SelfAttentionGuidance.execute(m, 0.5, 2.0).result[0],
+            lambda m: PerturbedAttentionGuidance.execute(m, 3.0).result[0],
+        ):
+            model = guided(patch(toma, tiny_sdxl)) if order == "toma_first" else patch(toma, guided(tiny_sdxl))
+            out = tiny.sample(model, LATENT, steps=2)
+            assert torch.isfinite(out).all()
+
+
+def test_controlnet_still_works(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    import comfy.cldm.cldm
+    import comfy.controlnet
+    import comfy.model_management as mm
+
+    config = {k: v for k, v in tiny.tiny_sdxl_config().items() if k not in ("out_channels", "use_temporal_attention", "use_temporal_resblock")}
+    net = comfy.cldm.cldm.ControlNet(hint_channels=3, **config)
+    tiny.init_weights(net, seed=11)
+    control = comfy.controlnet.ControlNet(net, load_device=mm.get_torch_device())
+    hint = torch.rand((1, 3, LATENT[2] * 8, LATENT[3] * 8), generator=torch.Generator().manual_seed(1))
+
+    def conditioning(strength: float) -> list:
+        ((ctx, extras),) = tiny.make_conditioning(tiny_sdxl, 1234)
+        extras = dict(extras, control=control.copy().set_cond_hint(hint, strength), control_apply_to_uncond=False)
+        return [[ctx, extras]]
+
+    patched, calls = record_attention(patch(toma, tiny_sdxl))
+    strong = tiny.sample(patched, LATENT, positive=conditioning(1.0), steps=2)
+    weak = tiny.sample(patched, LATENT, positive=conditioning(0.0), steps=2)
+    assert torch.isfinite(strong).all() and rel(strong, weak) > 1e-4
+    assert min(self_attention(calls)) == 8  # the UNet's blocks merged; the ControlNet's are not patched
+
+
+def test_lora_order_does_not_matter(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    key = "diffusion_model.input_blocks.7.1.transformer_blocks.0.ff.net.2.weight"
+    weight = tiny_sdxl.model.state_dict()[key]
+    delta = torch.randn(weight.shape, generator=torch.Generator().manual_seed(3)) * 0.1
+
+    def lora(model: Any) -> Any:
+        clone = model.clone()
+        clone.add_patches({key: ("diff", (delta,))}, 1.0)
+        return clone
+
+    first = tiny.sample(patch(toma, lora(tiny_sdxl)), LATENT, steps=2)
+    last = tiny.sample(lora(patch(toma, tiny_sdxl)), LATENT, steps=2)
+    assert torch.equal(first, last)
+    assert rel(first, tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=2)) > 1e-5
+
+
+# --- node-level behaviour -------------------------------------------------------------------
+
+
+def test_reapplying_replaces(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    once = patch(toma, tiny_sdxl)
+    twice = patch(toma, patch(toma, tiny_sdxl, ratio=0.25, blocks="all", scope="attention"))
+    assert set(twice.object_patches) == set(once.object_patches)
+    assert not twice.model_options["transformer_options"].get("patches", {}).get("attn1_patch")
+    assert torch.equal(tiny.sample(twice, LATENT), tiny.sample(once, LATENT))
+    narrow = patch(toma, once, blocks="middle")
+    assert len(narrow.object_patches) == 2
+
+
+def test_bad_blocks_are_refused_at_node_time(tiny_sdxl: Any, tiny_sd15: Any, toma: Any) -> None:
+    with pytest.raises(ValueError, match="input:4-8,middle,output:0-5"):
+        patch(toma, tiny_sdxl, blocks="double:0-3")
+    with pytest.raises(ValueError, match=r"selects none.*input 4 \(1/2\)"):
+        patch(toma, tiny_sdxl, blocks="input:0-2")
+    assert len(patch(toma, tiny_sd15, blocks="input:1-2").object_patches) == 2
+
+
+def test_advanced_node_on_sdxl(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    nodes = toma.nodes
+    out = nodes.ToMAPatch.execute(tiny_sdxl, 0.0, 4, 0.0, 1.0, 1)
+    assert torch.equal(tiny.sample(out.result[0], LATENT), tiny.sample(tiny_sdxl, LATENT))
+    adv = nodes.ToMAPatchAdvanced.execute(tiny_sdxl, 0.5, 4, 0.0, 1.0, 1, "input:4-8,middle,output:0-5", 0, "cosine", 0.0, "block", False)
+    assert rel(tiny.sample(adv.result[0], LATENT), tiny.sample(tiny_sdxl, LATENT)) > 1e-3
