@@ -326,3 +326,22 @@ def test_example_workflow_matches_comfy_and_schema(comfy: Any, toma: Any) -> Non
     assert len(toma_node["widgets_values"]) == len(widgets)
     for spec, value in zip(widgets, toma_node["widgets_values"]):
         assert spec.min <= value <= spec.max, spec.id
+
+
+def test_attention_mask_is_merged_with_the_tokens(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A Flux `attention_mask` cond (B, T+N, T+N) keeps its destinations' rows and columns."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    length = TEXT + 64
+    mask = torch.zeros((1, length, length))
+    mask[:, :, 200:TEXT] = -10000.0  # hide some text tokens from everyone
+    pos = tiny.make_conditioning(tiny_flux, 1234)
+    pos[0][1].update(attention_mask=mask, attention_mask_img_shape=(8, 8))
+    neg = tiny.make_conditioning(tiny_flux, 1235)
+    baseline = tiny.sample(tiny_flux, FLUX_LATENT, positive=pos, negative=neg)
+    zero = patch(toma, tiny_flux, ratio=0.0, blocks="all")
+    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
+    merged, lengths = record_attention(patch(toma, tiny_flux, blocks="all"))
+    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg, steps=2)
+    assert set(lengths) == {TEXT + 32} and torch.isfinite(out).all()
+    line = run_lines(caplog)[-1]
+    assert "unmerged: none" in line and "16 block runs merged" in line
