@@ -1,0 +1,308 @@
+"""The pack as a user gets it: a real ComfyUI server with the pack in its custom_nodes/, checked over HTTP.
+
+Starts ``main.py --cpu --listen 127.0.0.1 --port <free> --base-directory <tmp>`` from the ComfyUI tree
+with this interpreter (``sys.executable``), the pack symlinked as ``<tmp>/custom_nodes/ComfyUI-ToMA``,
+waits (bounded) until ``/object_info`` answers, then checks:
+
+- both nodes are registered with their inputs in order, defaults, ranges, options and tooltips
+  (expected values come from ``nodes/settings.py`` and ``toma_core``, so node and settings agree);
+- ``/workflow_templates`` lists exactly our example workflows, and the server hands out each
+  workflow and its thumbnail unchanged;
+- every node type in our workflows is registered, and our nodes' widget values fit their inputs.
+
+The server is stopped in the fixture's ``finally``, also when a test or the start-up fails. Skipped
+(with the reason) without an importable ComfyUI, like the other integration tests. Start-up takes
+~10 s on an idle machine; ``TOMA_LIVE_SERVER_TIMEOUT`` (seconds, default 240) bounds the wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from pack import pack_module
+from workflow_check import FRONTEND_ONLY
+
+log = logging.getLogger(__name__)
+
+PACK_ROOT = Path(__file__).resolve().parents[2]
+PACK_DIR_NAME = "ComfyUI-ToMA"
+HOST = "127.0.0.1"
+STARTUP_TIMEOUT_S = float(os.environ.get("TOMA_LIVE_SERVER_TIMEOUT", "240"))
+POLL_INTERVAL_S = 0.5
+REQUEST_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
+SOCKET_TYPES = {"MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Server lifecycle
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no server log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def prepare_base_directory(base: Path) -> None:
+    """<base>/custom_nodes/ComfyUI-ToMA -> this repository (only our pack is loaded)."""
+    custom_nodes = base / "custom_nodes"
+    custom_nodes.mkdir(parents=True)
+    (custom_nodes / PACK_DIR_NAME).symlink_to(PACK_ROOT, target_is_directory=True)
+
+
+def server_command(port: int, base: Path) -> list[str]:
+    return [
+        sys.executable, "main.py", "--cpu", "--listen", HOST, "--port", str(port),
+        "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
+        "--disable-auto-launch", "--disable-api-nodes",
+    ]
+
+
+def start_server(comfy_root: Path, base: Path) -> LiveServer:
+    port = free_port()
+    log_path = base / "server.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            server_command(port, base), cwd=comfy_root, stdout=log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=env,
+        )
+    log.info("started ComfyUI (pid %d) on %s:%d, log %s", process.pid, HOST, port, log_path)
+    return LiveServer(f"http://{HOST}:{port}", process, log_path)
+
+
+def wait_until_ready(server: LiveServer, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+    """Poll /object_info until it answers 200; seconds waited. RuntimeError with the log otherwise."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"ComfyUI exited with code {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/object_info", timeout=REQUEST_TIMEOUT_S) as answer:
+                if answer.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(POLL_INTERVAL_S)
+    raise RuntimeError(f"ComfyUI did not answer /object_info within {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
+def stop_server(server: LiveServer) -> None:
+    """Terminate the server we started (kill after STOP_TIMEOUT_S) and reap it."""
+    if server.process.poll() is None:
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("ComfyUI (pid %d) ignored SIGTERM; killing it", server.process.pid)
+            server.process.kill()
+            server.process.wait(timeout=STOP_TIMEOUT_S)
+    log.info("ComfyUI (pid %d) stopped with code %s", server.process.pid, server.process.returncode)
+
+
+# ------------------------------------------------------------------------------------------------
+# HTTP
+
+
+def http_get(url: str) -> tuple[bytes, str]:
+    """Body and content type of a 200 answer (urllib raises on anything else)."""
+    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as answer:
+        return answer.read(), answer.headers.get("Content-Type", "")
+
+
+def get_json(url: str) -> Any:
+    return json.loads(http_get(url)[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def live_server(comfy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    base = tmp_path_factory.mktemp("comfy_base")
+    prepare_base_directory(base)
+    server = start_server(comfy, base)
+    try:
+        waited = wait_until_ready(server)
+        log.info("ComfyUI answered /object_info after %.1f s", waited)
+        yield server
+    finally:
+        stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def object_info(live_server: LiveServer) -> dict[str, Any]:
+    return get_json(f"{live_server.url}/object_info")
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, Any]:
+    """Expected defaults and ranges, from the pure-Python settings module and toma_core."""
+    settings = pack_module("nodes.settings")
+    core = pack_module("toma_core")
+    defaults = settings.ToMASettings()
+    schedule = core.MergeSchedule()
+    return {
+        "basic": {
+            "ratio": ("FLOAT", defaults.ratio, *settings.RATIO_RANGE),
+            "tile_size": ("INT", defaults.tile_size, *settings.TILE_SIZE_RANGE),
+            "start_percent": ("FLOAT", schedule.start_percent, 0.0, 1.0),
+            "end_percent": ("FLOAT", schedule.end_percent, 0.0, 1.0),
+            "recompute_every": ("INT", schedule.recompute_every, 1, None),
+        },
+        "advanced": {
+            "blocks": ("STRING", defaults.blocks, None, None),
+            "min_tokens": ("INT", defaults.min_tokens, settings.MIN_TOKENS_RANGE[0], None),
+            "similarity": ("COMBO", defaults.similarity, tuple(core.SIMILARITIES), None),
+            "temperature": ("FLOAT", defaults.temperature, *settings.TEMPERATURE_RANGE),
+            "scope": ("COMBO", defaults.scope, tuple(settings.SCOPES), None),
+            "verbose": ("BOOLEAN", defaults.verbose, None, None),
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers on object_info entries
+
+
+def input_spec(entry: dict[str, Any], name: str) -> tuple[str, dict[str, Any], list | None]:
+    """(type, options dict, combo choices or None) of one input of an /object_info entry."""
+    inputs = {**entry["input"].get("required", {}), **entry["input"].get("optional", {})}
+    kind, options = inputs[name][0], (inputs[name][1] if len(inputs[name]) > 1 else {})
+    if isinstance(kind, list):  # V1-style combo: the choices are the type
+        return "COMBO", options, kind
+    return kind, options, options.get("options") if kind == "COMBO" else None
+
+
+def input_names(entry: dict[str, Any]) -> list[str]:
+    order = entry.get("input_order", {})
+    if order:
+        return list(order.get("required", [])) + list(order.get("optional", []))
+    return list(entry["input"].get("required", {})) + list(entry["input"].get("optional", {}))
+
+
+def widget_names(entry: dict[str, Any]) -> list[str]:
+    return [name for name in input_names(entry) if input_spec(entry, name)[0] not in SOCKET_TYPES]
+
+
+def check_input(entry: dict[str, Any], name: str, spec: tuple) -> None:
+    kind, default, low, high = spec
+    actual_kind, options, choices = input_spec(entry, name)
+    assert actual_kind == kind, f"{name}: type {actual_kind}"
+    actual_default = options.get("default")
+    same = actual_default == pytest.approx(default) if isinstance(default, float) else actual_default == default
+    assert same, f"{name}: default {actual_default!r}, expected {default!r}"
+    assert options.get("tooltip", "").strip(), f"{name}: no tooltip"
+    if kind == "COMBO":
+        assert tuple(choices) == low, f"{name}: options {choices}"
+        return
+    if low is not None:
+        assert options.get("min") == pytest.approx(low), f"{name}: min {options.get('min')}"
+    if high is not None:
+        assert options.get("max") == pytest.approx(high), f"{name}: max {options.get('max')}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Tests
+
+
+def test_server_loaded_the_pack_from_custom_nodes(live_server: LiveServer, object_info: dict[str, Any]):
+    assert "ToMAPatch" in object_info, f"ToMAPatch not registered; server log:\n{live_server.log_tail()}"
+    assert PACK_DIR_NAME in object_info["ToMAPatch"].get("python_module", "")
+    ours = [line for line in live_server.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            if PACK_DIR_NAME in line]
+    assert any("seconds" in line for line in ours), "no import-time line for the pack"
+    failures = [line for line in ours if "IMPORT FAILED" in line or "Cannot import" in line]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("node_id, groups, display_name", [
+    ("ToMAPatch", ("basic",), "ToMA Patch"),
+    ("ToMAPatchAdvanced", ("basic", "advanced"), "ToMA Patch (Advanced)"),
+])
+def test_node_inputs_defaults_ranges_and_tooltips(object_info, expected, node_id, groups, display_name):
+    entry = object_info[node_id]
+    specs = {name: spec for group in groups for name, spec in expected[group].items()}
+    assert input_names(entry) == ["model", *specs]
+    assert input_spec(entry, "model")[0] == "MODEL"
+    assert input_spec(entry, "model")[1].get("tooltip", "").strip()
+    for name, spec in specs.items():
+        check_input(entry, name, spec)
+    assert entry["display_name"] == display_name
+    assert entry["category"].startswith("model_patches")
+    assert entry["description"].strip()
+    assert entry["output"] == ["MODEL"]
+    assert all(tip.strip() for tip in entry.get("output_tooltips", [""])), entry.get("output_tooltips")
+
+
+def test_workflow_templates_lists_our_examples(live_server: LiveServer):
+    templates = get_json(f"{live_server.url}/workflow_templates")
+    assert PACK_DIR_NAME in templates, f"{templates}\n{live_server.log_tail()}"
+    assert sorted(templates[PACK_DIR_NAME]) == sorted(path.stem for path in EXAMPLES)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_server_hands_out_workflow_and_thumbnail_unchanged(live_server: LiveServer, path: Path):
+    base = f"{live_server.url}/api/workflow_templates/{PACK_DIR_NAME}"
+    body, _ = http_get(f"{base}/{path.name}")
+    assert json.loads(body) == json.loads(path.read_text(encoding="utf-8"))
+    thumbnail = path.with_suffix(".jpg")
+    body, content_type = http_get(f"{base}/{thumbnail.name}")
+    assert body == thumbnail.read_bytes()
+    assert content_type.startswith("image/jpeg")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_workflow_node_type_is_registered(object_info, path: Path):
+    workflow = json.loads(path.read_text(encoding="utf-8"))
+    types = {node["type"] for node in workflow["nodes"]} - FRONTEND_ONLY
+    missing = sorted(types - set(object_info))
+    assert not missing, f"{path.name} uses node types the server does not know: {missing}"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_toma_widget_values_fit_the_registered_inputs(object_info, path: Path):
+    workflow = json.loads(path.read_text(encoding="utf-8"))
+    toma_nodes = [node for node in workflow["nodes"] if node["type"] in ("ToMAPatch", "ToMAPatchAdvanced")]
+    assert toma_nodes
+    for node in toma_nodes:
+        entry = object_info[node["type"]]
+        names = widget_names(entry)
+        assert len(node["widgets_values"]) == len(names), f"{path.name} node {node['id']}: {node['widgets_values']} vs {names}"
+        for name, value in zip(names, node["widgets_values"]):
+            kind, options, choices = input_spec(entry, name)
+            if kind == "COMBO":
+                assert value in choices, f"{name}={value!r} not in {choices}"
+            elif kind in ("INT", "FLOAT"):
+                assert options.get("min", value) <= value <= options.get("max", value), f"{name}={value!r}"
