@@ -345,3 +345,28 @@ def test_attention_mask_is_merged_with_the_tokens(tiny_flux: Any, tiny: Any, tom
     assert set(lengths) == {TEXT + 32} and torch.isfinite(out).all()
     line = run_lines(caplog)[-1]
     assert "unmerged: none" in line and "16 block runs merged" in line
+
+
+def build_tiny_chroma(tiny: Any) -> Any:
+    """A tiny comfy.model_base.Chroma (hidden 64, 2 + 2 blocks; input already 2x2-patchified: 64 ch)."""
+    import comfy.supported_models
+
+    config = {
+        "image_model": "chroma", "in_channels": 64, "out_channels": 64, "context_in_dim": 64,
+        "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
+        "axes_dim": [4, 6, 6], "theta": 10000, "patch_size": 2, "qkv_bias": True,
+        "in_dim": 64, "out_dim": 64, "hidden_dim": 32, "n_layers": 2,
+    }
+    return tiny._wrap(tiny._model_config(comfy.supported_models.Chroma, config).get_model({}), 0, 1.0)
+
+
+def test_chroma(tiny: Any, toma: Any) -> None:
+    chroma = build_tiny_chroma(tiny)
+    gen = torch.Generator().manual_seed(0)
+    pos, neg = ([[torch.randn(1, 32, 64, generator=gen), {"pooled_output": torch.zeros(1, 8)}]] for _ in range(2))
+    baseline = tiny.sample(chroma, FLUX_LATENT, positive=pos, negative=neg)
+    zero = patch(toma, chroma, ratio=0.0, blocks="all")
+    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
+    merged, lengths = record_attention(patch(toma, chroma, blocks="all"))
+    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg)
+    assert set(lengths) == {32 + 32} and rel(out, baseline) > 1e-3
