@@ -236,7 +236,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls before timing each case")
     p.add_argument("--no-speed", action="store_true", help="skip the block timing")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="toma_demo.png", help="where to write the PNG")
+    p.add_argument("--out", default="bench/out/toma_demo.png", help="where to write the PNG")
     return p.parse_args(argv)
 
 

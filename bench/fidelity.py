@@ -1,8 +1,8 @@
 """Fidelity of token merging on tokens made from natural images: ToMA vs ToMe vs 2x2 pooling.
 
-Run from the repository root (CPU, about a minute with the defaults):
+Run from the repository root (CPU, 1-3 minutes with the defaults on 2 shared cores):
 
-    python bench/fidelity.py --out bench_out/fidelity
+    python bench/fidelity.py         (writes bench/out/fidelity/fidelity.md and fidelity.json)
 
 Tokens. Each of scikit-image's bundled sample photographs (nothing is fetched at run time, no image
 is stored in this repository) is resized so that its long side is `--grid` tokens of `--patch` x
@@ -538,7 +538,7 @@ def _names(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out/fidelity", help="output folder for fidelity.md and fidelity.json")
+    p.add_argument("--out", default="bench/out/fidelity", help="output folder for fidelity.md and fidelity.json")
     p.add_argument("--images", type=_names, default=list(SAMPLE_IMAGES), help="comma-separated scikit-image sample names")
     p.add_argument("--grid", type=int, default=48,
                    help="tokens on the long side of each image (48 = Flux at 768 px; 64 = 1024 px, ~2x slower)")
