@@ -153,7 +153,8 @@ def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.
     A tile of identical tokens yields distinct but identical destinations; argmax ties would send
     all of them to the first, leaving the others empty (an all-zero merged token).
     """
-    own = torch.zeros_like(assign).scatter_(-1, dst.unsqueeze(-1), 1.0) * slot_valid.unsqueeze(-1)
+    positions = torch.arange(assign.shape[-1], device=assign.device)
+    own = (dst.unsqueeze(-1) == positions).float() * slot_valid.unsqueeze(-1)
     return torch.where(own.amax(dim=-2, keepdim=True) > 0, own, assign)
 
 
