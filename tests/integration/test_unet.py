@@ -423,3 +423,22 @@ def test_advanced_node_on_sdxl(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
     assert torch.equal(tiny.sample(out.result[0], LATENT), tiny.sample(tiny_sdxl, LATENT))
     adv = nodes.ToMAPatchAdvanced.execute(tiny_sdxl, 0.5, 4, 0.0, 1.0, 1, "input:4-8,middle,output:0-5", 0, "cosine", 0.0, "block", False)
     assert rel(tiny.sample(adv.result[0], LATENT), tiny.sample(tiny_sdxl, LATENT)) > 1e-3
+
+
+def test_bench_sdxl_runs(comfy: Any) -> None:
+    """bench/bench_sdxl.py end to end on a tiny size (the table's rows and columns)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, str(root / "bench" / "bench_sdxl.py"), "--channels", "32", "--latent", "16",
+         "--rounds", "1", "--calls", "1", "--threads", "1"],
+        cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "COMFYUI_PATH": str(comfy)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line[:16].strip() for line in result.stdout.splitlines()[2:]]
+    assert rows[:4] == ["unpatched", "ToMA 0.25", "ToMA 0.5", "ToMA 0.75"]
+    assert "ToMA-attn 0.5" in rows and "ToMe 0.5" in rows
