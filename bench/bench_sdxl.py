@@ -128,16 +128,20 @@ def init_weights(module: torch.nn.Module) -> None:
                 param.normal_(0.0, 1.0 / math.sqrt(param[0].numel()))
 
 
-def make_call(patcher, args: argparse.Namespace) -> Callable[[], torch.Tensor]:
+def make_call(patcher, args: argparse.Namespace, x: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
     """One model call as a sampler makes it with CFG (BaseModel.apply_model, the patcher's
-    wrappers and patches, cond + uncond in one batch)."""
+    wrappers and patches, cond + uncond in one batch).
+
+    x: the noisy latent (B, 4, H, W); default seeded noise of --batch x --latent^2.
+    """
     import comfy.model_patcher
     import comfy.patcher_extension
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     gen = torch.Generator().manual_seed(0)
-    b = args.batch
-    x = torch.randn((b, 4, args.latent, args.latent), generator=gen).to(device)
+    noise = torch.randn((args.batch, 4, args.latent, args.latent), generator=gen)
+    x = (noise if x is None else x).to(device)
+    b = x.shape[0]
     context = torch.randn((b, 77, unet_config(args)["context_dim"]), generator=gen).to(device, dtype)
     y = torch.randn((b, 2816), generator=gen).to(device, dtype)
     model_sampling = patcher.get_model_object("model_sampling")
