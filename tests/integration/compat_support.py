@@ -1,0 +1,86 @@
+"""Helpers shared by the compatibility tests (issue 7): ToMA with ComfyUI's built-in nodes and with
+stand-ins for third-party packs' calling conventions, on tiny random-weight models on CPU.
+
+Import only once ComfyUI is importable (the ``toma`` fixture of each test module makes sure).
+Token counts are measured with an ``optimized_attention_override`` (``record_attention``), the
+per-run result is read from ToMA's one-line run summary (``run_lines``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import pytest
+import torch
+
+from pack import pack_module
+
+RUNTIME_LOGGER = "comfyui_toma_pack.nodes.runtime"
+"""Logger of the per-run summary line and of the bypass warning."""
+
+FLUX_TEXT = 256
+"""Text tokens of tiny_models.make_conditioning's Flux conditioning."""
+
+CLIP_TEXT = 77
+"""Text tokens of its UNet conditioning."""
+
+
+class Toma:
+    """The pack's modules, loaded the way ComfyUI loads them (relative imports inside the pack)."""
+
+    def __init__(self) -> None:
+        self.patching = pack_module("nodes.patching")
+        self.settings = pack_module("nodes.settings")
+        self.runtime = pack_module("nodes.runtime")
+        self.core = pack_module("toma_core")
+        self.nodes = pack_module("nodes.toma_nodes")
+
+    def patch(self, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
+        """ToMA on a clone of `model` (blocks="all" unless given: every block of the tiny models)."""
+        kwargs.setdefault("blocks", "all")
+        schedule = self.core.MergeSchedule(start, end, every)
+        return self.patching.patch_model(model, self.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
+
+
+def record_attention(model: Any) -> tuple[Any, list[tuple[int, int, int]]]:
+    """A clone of `model` whose attention calls append (batch, query length, key length)."""
+    calls: list[tuple[int, int, int]] = []
+
+    def override(func, q, k, v, heads, *args, **kwargs):
+        dim = 2 if kwargs.get("skip_reshape") else 1
+        calls.append((int(q.shape[0]), int(q.shape[dim]), int(k.shape[dim])))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    return clone, calls
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 difference |a - b| / |b|."""
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """ToMA's per-run summary lines captured so far."""
+    return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture, logger: str = RUNTIME_LOGGER) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno >= logging.WARNING]
+
+
+def count(pattern: str, line: str) -> int:
+    """The integer captured by `pattern` (one group) in `line`; 0 when it does not occur."""
+    match = re.search(pattern, line)
+    return int(match[1]) if match else 0
+
+
+def merged_block_runs(line: str) -> int:
+    return count(r"(\d+) block runs merged", line)
+
+
+def plans_built(line: str) -> int:
+    return count(r"(\d+) plans built", line)

@@ -1,0 +1,304 @@
+"""ToMA with step caches and with other packs' forward loops (issue 7 points 1-3 and 6).
+
+Real ComfyUI nodes: EasyCache and LazyCache (comfy_extras/nodes_easycache.py) in both node orders,
+on tiny Flux and tiny SDXL. Third-party packs are not installed; their calling conventions are
+reproduced by small stand-ins written here (no pack code is copied):
+
+- ``ForeignLoop("no_options")``: TeaCache / MagCache / ComfyUI-Lightning. A
+  ``model_function_wrapper`` swaps the Flux module's ``forward_orig`` for the call; the swapped
+  loop calls the dit replacements with args lacking ``transformer_options`` and runs the blocks
+  without it.
+- ``ForeignLoop("options_in_extra")``: WaveSpeed FBCache / PuLID-Flux-ll's loop: as above, but
+  ``transformer_options`` is passed in the second (``extra``) dict.
+- ``ForeignLoop("ignores_replacements")``: balazik PuLID-Flux / any loop that never consults
+  ``patches_replace``: ToMA's hooks never run, which must be reported, not silent.
+- ``PulidLike``: a PuLID-Flux-ll-style callable already registered on a dit key (with ``.add``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compat_support import (  # noqa: E402
+    FLUX_TEXT,
+    RUNTIME_LOGGER,
+    Toma,
+    merged_block_runs,
+    record_attention,
+    rel,
+    run_lines,
+    warnings_of,
+)
+from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+
+STEPS = 6
+FLUX_BLOCKS = 4
+"""Tiny Flux: 2 double + 2 single blocks (all selected in these tests)."""
+SDXL_BLOCKS = 17
+"""Tiny SDXL at a 16x16 latent: 17 BasicTransformerBlocks (all selected)."""
+
+
+@pytest.fixture(scope="module")
+def toma(comfy: Any) -> Toma:
+    return Toma()
+
+
+@pytest.fixture()
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """INFO from ToMA's runtime and from ComfyUI's root logger (EasyCache's summary line)."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    caplog.set_level(logging.INFO)
+    return caplog
+
+
+def cache_node(name: str, model: Any) -> Any:
+    """EasyCache / LazyCache as the node runs it; threshold 1.0 from the first step so that
+    the tiny models skip some of 6 steps (measured: 2 of 6 on Flux)."""
+    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+
+    node = {"EasyCache": EasyCacheNode, "LazyCache": LazyCacheNode}[name]
+    return node.execute(model, 1.0, 0.0, 1.0, False).result[0]
+
+
+def skipped_steps(caplog: pytest.LogCaptureFixture, name: str) -> int:
+    """Steps the cache skipped in the last run, from its own log line."""
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{name} - skipped")]
+    return int(re.search(r"skipped (\d+)/", lines[-1])[1])
+
+
+# --- EasyCache / LazyCache ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache", ["EasyCache", "LazyCache"])
+@pytest.mark.parametrize("family", ["flux", "sdxl"])
+def test_step_cache_in_both_orders(family: str, cache: str, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture, request: pytest.FixtureRequest) -> None:
+    """Both orders give the same result; skipped steps never reach ToMA's blocks, and the run
+    line says how many steps really merged; the cache still skips with ToMA; both effects show."""
+    model = request.getfixturevalue(f"tiny_{family}")
+    latent, per_call = (FLUX_LATENT, FLUX_BLOCKS) if family == "flux" else (UNET_LATENT, SDXL_BLOCKS)
+    cache_first = toma.patch(cache_node(cache, model))
+    toma_first = cache_node(cache, toma.patch(model))
+
+    out = tiny.sample(cache_first, latent, steps=STEPS)
+    skipped = skipped_steps(logs, cache)
+    line = run_lines(logs)[-1]
+    assert 0 < skipped < STEPS
+    assert merged_block_runs(line) == per_call * (STEPS - skipped)  # cfg batch: one call per step
+    assert f"merged {STEPS - skipped}/{STEPS} steps" in line
+    if cache == "EasyCache":  # its skip happens inside our APPLY_MODEL call: reported, not hidden
+        assert f"{skipped} calls with no block run" in line
+
+    assert torch.equal(tiny.sample(toma_first, latent, steps=STEPS), out)
+    assert skipped_steps(logs, cache) == skipped and run_lines(logs)[-1] == line
+    assert torch.equal(tiny.sample(cache_first, latent, steps=STEPS), out)  # fresh state per run
+    assert rel(out, tiny.sample(toma.patch(model), latent, steps=STEPS)) > 1e-3  # the cache acted
+    assert rel(out, tiny.sample(cache_node(cache, model), latent, steps=STEPS)) > 1e-3  # ToMA acted
+
+
+# --- foreign forward loops (caching packs' calling conventions) ------------------------------
+
+
+class ForeignLoop:
+    """A stand-in "other pack" that re-implements Flux's block loop the way caching packs do.
+
+    Installed as a ``model_function_wrapper`` (the single slot TeaCache, MagCache and FBCache
+    use); for each call it sets an instance ``forward_orig`` on the Flux module (their
+    ``patch.multiple`` / ``patch.object``) that runs ComfyUI's loop with the dit replacements
+    re-wrapped to the pack's calling convention (see the module docstring for the modes).
+    """
+
+    MODES = ("no_options", "options_in_extra", "ignores_replacements")
+
+    def __init__(self, mode: str) -> None:
+        assert mode in self.MODES
+        self.mode = mode
+        self.loops = 0
+        self.img_tokens: list[int] = []
+
+    def apply(self, model: Any) -> Any:
+        clone = model.clone()
+        # a plain function: ModelPatcher.clone() deep-copies model_options, and a bound method
+        # would take a copy of this object (and of its counters) with it
+        clone.set_model_unet_function_wrapper(lambda model_function, kwargs: self.unet_wrapper(model_function, kwargs))
+        return clone
+
+    def unet_wrapper(self, model_function: Any, kwargs: dict) -> torch.Tensor:
+        dm = model_function.__self__.diffusion_model
+        loop = type(dm).forward_orig
+
+        def forward_orig(*args: Any, **kw: Any) -> torch.Tensor:
+            args = list(args)
+            if len(args) > 8:
+                args[8] = self.convert(args[8])
+            else:
+                kw["transformer_options"] = self.convert(kw.get("transformer_options", {}))
+            self.loops += 1
+            return loop(dm, *args, **kw)
+
+        dm.forward_orig = forward_orig
+        try:
+            return model_function(kwargs["input"], kwargs["timestep"], **kwargs["c"])
+        finally:
+            del dm.forward_orig
+
+    def convert(self, options: dict) -> dict:
+        replace = dict(options.get("patches_replace", {}))
+        if self.mode == "ignores_replacements":
+            replace.pop("dit", None)
+        else:
+            replace["dit"] = {key: self.foreign_call(fn, options) for key, fn in replace.get("dit", {}).items()}
+        return dict(options, patches_replace=replace)
+
+    def foreign_call(self, fn: Any, options: dict) -> Any:
+        def call(args: dict, extra: dict) -> dict:
+            self.img_tokens.append(args["img"].shape[1])
+            original = extra["original_block"]
+            foreign_extra = {"original_block": lambda a: original({k: v for k, v in a.items() if k != "transformer_options"})}
+            if self.mode == "options_in_extra":
+                foreign_extra["transformer_options"] = options
+            return fn({k: v for k, v in args.items() if k != "transformer_options"}, foreign_extra)
+
+        return call
+
+
+@pytest.mark.parametrize("order", ["pack_first", "toma_first"])
+@pytest.mark.parametrize("mode", ["no_options", "options_in_extra"])
+def test_foreign_loop_calling_conventions(mode: str, order: str, tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """TeaCache/MagCache/Lightning (no transformer_options) and FBCache/PuLID-ll (in extra): no
+    KeyError, ToMA finds its call state and merges exactly as without the pack."""
+    pack = ForeignLoop(mode)
+    model = toma.patch(pack.apply(tiny_flux)) if order == "pack_first" else pack.apply(toma.patch(tiny_flux))
+    out = tiny.sample(model, FLUX_LATENT, steps=2)
+    line = run_lines(logs)[-1]
+    assert pack.loops == 2 and len(pack.img_tokens) == 2 * FLUX_BLOCKS  # the foreign loop ran our hooks
+    assert merged_block_runs(line) == 2 * FLUX_BLOCKS and "unmerged: none" in line
+    assert torch.equal(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=2))
+    assert rel(out, tiny.sample(tiny_flux, FLUX_LATENT, steps=2)) > 1e-3
+    assert not warnings_of(logs)
+
+
+def test_hook_without_any_call_state_runs_unmerged(tiny_flux: Any, toma: Toma) -> None:
+    """A ToMA hook called outside any ToMA model call (no state in args, extra or the fallback)
+    runs the real block on all tokens instead of failing."""
+    hook = toma.patch(tiny_flux).model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)]
+    seen: list[int] = []
+
+    def original(args: dict) -> dict:
+        seen.append(args["img"].shape[1])
+        return {"img": args["img"] + 1, "txt": args["txt"]}
+
+    img, txt = torch.zeros(1, 64, 64), torch.zeros(1, 8, 64)
+    out = hook({"img": img, "txt": txt, "vec": None, "pe": None}, {"original_block": original})
+    assert seen == [64] and torch.equal(out["img"], img + 1)
+
+
+def test_loop_that_ignores_replacements_is_reported_flux(tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """balazik PuLID-style loop: ToMA cannot act; a warning and the run line say so."""
+    pack = ForeignLoop("ignores_replacements")
+    out = tiny.sample(toma.patch(pack.apply(tiny_flux)), FLUX_LATENT, steps=2)
+    assert pack.loops == 2
+    assert torch.equal(out, tiny.sample(pack.apply(tiny_flux), FLUX_LATENT, steps=2))  # no effect at all
+    (warning,) = warnings_of(logs)
+    assert "none of ToMA's block hooks ran" in warning
+    line = run_lines(logs)[0]
+    assert merged_block_runs(line) == 0 and "bypassed" in line
+
+
+def test_loop_that_bypasses_object_patches_is_reported_sdxl(tiny_sdxl: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """A UNet loop that calls BasicTransformerBlock's class forward (not the module attribute)."""
+    from comfy.ldm.modules.attention import BasicTransformerBlock
+
+    def bypass(model_function: Any, kwargs: dict) -> torch.Tensor:
+        blocks = [m for m in model_function.__self__.diffusion_model.modules() if isinstance(m, BasicTransformerBlock)]
+        saved = [m.__dict__.pop("forward", None) for m in blocks]
+        try:
+            return model_function(kwargs["input"], kwargs["timestep"], **kwargs["c"])
+        finally:
+            for m, forward in zip(blocks, saved):
+                if forward is not None:
+                    m.forward = forward
+
+    other = tiny_sdxl.clone()
+    other.set_model_unet_function_wrapper(bypass)
+    tiny.sample(toma.patch(other), UNET_LATENT, steps=2)
+    (warning,) = warnings_of(logs)
+    assert "none of ToMA's block hooks ran" in warning
+    assert "bypassed" in run_lines(logs)[-1]
+
+
+def test_not_a_native_flux_module_is_refused(tiny_flux: Any, toma: Toma) -> None:
+    """Nunchaku-style: the diffusion model swapped for a wrapper that only looks like Flux."""
+
+    class FluxLookingWrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.double_blocks = torch.nn.ModuleList()
+            self.single_blocks = torch.nn.ModuleList()
+
+    other = tiny_flux.clone()
+    other.add_object_patch("diffusion_model", FluxLookingWrapper())
+    with pytest.raises(ValueError, match=r"FluxLookingWrapper; supported families: Flux"):
+        toma.patch(other)
+    with pytest.raises(ValueError, match=r"FluxLookingWrapper"):
+        toma.nodes.ToMAPatch.execute(other, 0.5, 4, 0.0, 1.0, 1)
+
+
+# --- a replacement already on the same dit key (PuLID-Flux-ll, SLG) --------------------------
+
+
+class PulidLike:
+    """PuLID-Flux-ll's convention: a callable class registered on a dit key, extendable with
+    ``.add(fn)``; it runs ``original_block`` and then adds its own term to the image tokens,
+    using an N-token mask (as PuLID's face mask does), so it needs all N image tokens."""
+
+    def __init__(self, group: str, text_len: int, strength: float = 0.5) -> None:
+        self.group, self.text_len, self.strength = group, text_len, strength
+        self.extra_terms: list[Any] = []
+        self.seen: list[int] = []
+
+    def add(self, fn: Any) -> None:
+        self.extra_terms.append(fn)
+
+    def __deepcopy__(self, memo: dict) -> PulidLike:
+        return self  # clones share this object, so the test reads one record of what it saw
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        out = extra["original_block"](args)
+        img = out["img"]
+        start = 0 if self.group == "double" else self.text_len
+        n = 64  # the tiny test latent's 8x8 grid
+        self.seen.append(img.shape[1] - start)
+        mask = torch.linspace(0, 1, n, dtype=img.dtype).view(1, n, 1)  # raises if tokens are not N
+        term = self.strength * mask * img[:, start:start + n].mean(dim=1, keepdim=True)
+        for fn in self.extra_terms:
+            term = term + fn(img[:, start:start + n])
+        img = torch.cat([img[:, :start], img[:, start:start + n] + term, img[:, start + n:]], dim=1)
+        return dict(out, img=img)
+
+
+def test_existing_replacement_on_the_key_stays_outermost(tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """PuLID-ll -> ToMA: PuLID keeps working on N tokens; ToMA merges only around the real block;
+    re-applying ToMA keeps PuLID; PuLID's ``.add`` on its own object still works."""
+    pulid_double, pulid_single = PulidLike("double", FLUX_TEXT), PulidLike("single", FLUX_TEXT)
+    other = tiny_flux.clone()
+    other.set_model_patch_replace(pulid_double, "dit", "double_block", 0)
+    other.set_model_patch_replace(pulid_single, "dit", "single_block", 1)
+    pulid_double.add(lambda img: 0.1 * img)
+
+    merged, calls = record_attention(toma.patch(other))
+    out = tiny.sample(merged, FLUX_LATENT, steps=2)
+    assert set(pulid_double.seen) == set(pulid_single.seen) == {64}  # PuLID saw all N image tokens
+    assert {length for _, length, _ in calls} == {FLUX_TEXT + 32}  # every block merged inside PuLID
+    assert merged_block_runs(run_lines(logs)[-1]) == 2 * FLUX_BLOCKS
+    assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=2)) > 1e-3  # PuLID still acts
+    assert rel(out, tiny.sample(other, FLUX_LATENT, steps=2)) > 1e-3  # ToMA still acts
+    again = toma.patch(toma.patch(other, ratio=0.25))
+    assert torch.equal(tiny.sample(again, FLUX_LATENT, steps=2), out)
+    dit = again.model_options["transformer_options"]["patches_replace"]["dit"]
+    assert dit[("double_block", 0)].toma_foreign is pulid_double
