@@ -437,6 +437,27 @@ def test_reapplying_replaces(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
     assert len(narrow.object_patches) == 2
 
 
+def test_foreign_object_patch_runs_on_merged_tokens(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
+    """Another pack's object patch on a block's forward stays in place and runs inside the merge;
+    re-applying ToMA wraps it once, and ToMA off restores it."""
+    key = "diffusion_model.input_blocks.4.1.transformer_blocks.0.forward"
+    module = tiny_sdxl.model.diffusion_model.input_blocks[4][1].transformer_blocks[0]
+    seen: list[int] = []
+
+    def foreign(x, context=None, transformer_options={}):
+        seen.append(x.shape[1])
+        return type(module).forward(module, x, context=context, transformer_options=transformer_options)
+
+    other = tiny_sdxl.clone()
+    other.add_object_patch(key, foreign)
+    twice = patch(toma, patch(toma, other, ratio=0.25))
+    tiny.sample(twice, LATENT, steps=1)
+    assert seen == [32]  # cond + uncond batched: one call, merged 64 -> 32
+    assert twice.object_patches[key].toma_foreign is foreign
+    off = patch(toma, twice, blocks="middle")
+    assert off.object_patches[key] is foreign
+
+
 def test_bad_blocks_are_refused_at_node_time(tiny_sdxl: Any, tiny_sd15: Any, toma: Any) -> None:
     with pytest.raises(ValueError, match="input:4-8,middle,output:0-5"):
         patch(toma, tiny_sdxl, blocks="double:0-3")
