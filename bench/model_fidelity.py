@@ -1,0 +1,296 @@
+"""Model-level fidelity and speed of ToMA on the Flux-shaped and SDXL-shaped benchmark models.
+
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python bench/model_fidelity.py            # CPU, both
+    python bench/model_fidelity.py --device cuda --real-size                                # GPU sizes
+
+The models, inputs, patches and timing loops are the ones of bench/bench_flux.py and
+bench/bench_sdxl.py (imported, not copied): ComfyUI's own classes with random weights and fixed-seed
+inputs. For every configuration this measures, in one process:
+
+- rel. error: ||out - out_unpatched|| / ||out_unpatched|| of one model call (the denoiser output,
+  same latent, timestep and conditioning; the plan is built in the call);
+- ms/call: median ms per model call after warm-up (the benches' own round-robin loops), and the
+  speed-up against the unpatched model timed in the same loop.
+
+Flux rows: unpatched, ToMA per ratio (every block merged), and "ideal" (the unpatched model on a
+grid of D tokens: the speed a merge with zero overhead would give; it has no error of its own).
+SDXL rows: unpatched, ToMA per ratio (whole blocks), ToMA with scope "attention", and ComfyUI's
+built-in ToMe (TomePatchModel). The latent is pure noise at the first sampling step and the
+weights are random, so neighbouring tokens are less alike than in a trained model on a real
+image: read the errors as a comparison between ratios and methods, not as image quality.
+`--out` writes model_fidelity.md, model_fidelity.json and one speed-up-vs-error PNG per family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import bench_flux  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
+import bench_sdxl  # noqa: E402
+
+RATIOS = (0.25, 0.5, 0.75)
+FAMILIES = ("flux", "sdxl")
+
+
+@dataclass
+class Row:
+    """One configuration of one family: tokens, median ms per call, speed-up, relative error."""
+
+    family: str
+    config: str
+    kind: str  # "unpatched", "toma", "toma-attn", "tome", "ideal"
+    ratio: float
+    tokens: str
+    ms: float
+    speedup: float
+    rel_error: float | None
+
+
+@dataclass
+class FamilyResult:
+    """Rows of one family plus what the run was (sizes, dtype, repeats) and its sanity checks."""
+
+    family: str
+    setup: str
+    rows: list[Row]
+    reference_repeat_error: float
+    seconds: float
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float32 (nan when the reference is not finite or zero)."""
+    out, ref = out.detach().float(), ref.detach().float()
+    norm = float(ref.norm())
+    if not torch.isfinite(ref).all() or norm == 0:
+        return float("nan")
+    return float((out - ref).norm()) / norm
+
+
+def _kind(name: str) -> str:
+    """Row kind from a configuration name such as "ToMA 0.5" or "ToMA-attn 0.5"."""
+    head = name.split()[0].lower()
+    return {"toma": "toma", "toma-attn": "toma-attn", "tome": "tome", "ideal": "ideal"}.get(head, "unpatched")
+
+
+def _ratio(name: str) -> float:
+    return float(name.split()[-1]) if " " in name else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Flux
+
+
+def flux_args(device: str, dtype: str, size: str, ratios: list[float], repeats: int, warmup: int):
+    """bench_flux's argparse namespace for a size preset: "smoke", "cpu" (its default) or "real"."""
+    argv = ["--device", device, "--dtype", dtype, "--repeats", str(repeats), "--warmup", str(warmup),
+            "--ratios", *map(str, ratios)]
+    if size == "real":
+        argv.append("--real-size")
+    elif size == "smoke":
+        argv += ["--hidden", "128", "--depth", "1", "--depth-single", "1", "--grid", "8", "--text", "8"]
+    return bench_flux.parse_args(argv)
+
+
+def flux_family(args: argparse.Namespace) -> FamilyResult:
+    """Errors and timings of unpatched / ToMA / ideal on bench_flux's model (one process)."""
+    start = time.perf_counter()
+    base = bench_flux.build_model(args)
+    full = (args.grid, args.grid)
+    n = args.grid * args.grid
+    calls = {"unpatched": bench_flux.make_call(base, args, full)}
+    tokens = {"unpatched": f"{n}"}
+    for r in args.ratios:
+        calls[f"ToMA {r:g}"] = bench_flux.make_call(bench_flux.patch(base, r, args), args, full)
+        tokens[f"ToMA {r:g}"] = f"{n}->{bench_flux.kept_tokens(r, args)}"
+    for r in args.ratios:
+        d = bench_flux.kept_tokens(r, args)
+        calls[f"ideal {r:g}"] = bench_flux.make_call(base, args, bench_flux.ideal_grid(d, full))
+        tokens[f"ideal {r:g}"] = f"{d}"
+    ref = calls["unpatched"]()
+    errors = {name: relative_error(call(), ref) for name, call in calls.items() if _kind(name) == "toma"}
+    ms = bench_flux.median_ms(calls, args)
+    repeat = relative_error(calls["unpatched"](), ref)
+    rows = _rows("flux", ms, tokens, errors)
+    setup = (f"comfy.model_base.Flux, hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "
+             f"{args.grid}x{args.grid} image tokens + {args.text} text, batch {args.batch}, {args.dtype}, "
+             f"tile {args.tile_size}; median of {args.repeats} calls after {args.warmup} warm-up, round-robin")
+    return FamilyResult("flux", setup, rows, repeat, time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------------------------
+# SDXL
+
+
+def sdxl_args(device: str, dtype: str, size: str, ratios: list[float], rounds: int, calls: int):
+    """bench_sdxl's argparse namespace for a size preset: "smoke", "cpu" (its default) or "real"."""
+    argv = ["--device", device, "--dtype", dtype, "--rounds", str(rounds), "--calls", str(calls),
+            "--ratios", *map(str, ratios)]
+    if size == "real":
+        argv.append("--real-size")
+    elif size == "smoke":
+        argv += ["--channels", "32", "--latent", "16"]
+    return bench_sdxl.parse_args(argv)
+
+
+def sdxl_family(args: argparse.Namespace) -> FamilyResult:
+    """Errors and timings of unpatched / ToMA / ToMA-attn / ToMe on bench_sdxl's model."""
+    import comfy.model_management
+
+    start = time.perf_counter()
+    base = bench_sdxl.build_model(args)
+    configs = bench_sdxl.configurations(base, args)
+    calls = {name: bench_sdxl.make_call(patcher, args) for name, patcher in configs.items()}
+
+    def output(name: str) -> torch.Tensor:
+        comfy.model_management.load_models_gpu([configs[name]])  # applies / removes object patches
+        return calls[name]()
+
+    ref = output("unpatched")
+    errors = {name: relative_error(output(name), ref) for name in configs if name != "unpatched"}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(args.rounds):
+        for name, patcher in configs.items():
+            times[name] += bench_sdxl.time_calls(patcher, calls[name], args)
+    repeat = relative_error(output("unpatched"), ref)
+    ms = {name: statistics.median(values) for name, values in times.items()}
+    tokens = {name: _sdxl_tokens(args, _ratio(name) if name.startswith("ToMA") else 0.0) for name in configs}
+    config = bench_sdxl.unet_config(args)
+    setup = (f"comfy.model_base.SDXL topology, model_channels {config['model_channels']}, context "
+             f"{config['context_dim']}, latent {args.latent}x{args.latent}, batch {args.batch} (cond + uncond), "
+             f"{args.dtype}, tile {args.tile_size}; median of {args.rounds} rounds x {args.calls} calls, "
+             f"each round after a warm-up call")
+    return FamilyResult("sdxl", setup, _rows("sdxl", ms, tokens, errors), repeat, time.perf_counter() - start)
+
+
+def _sdxl_tokens(args: argparse.Namespace, ratio: float) -> str:
+    """Tokens per transformer level, "784->392, 196->98"; unmerged levels as just "784, 196"."""
+    return re.sub(r"\b(\d+)->\1\b", r"\1", bench_sdxl.level_tokens(args, ratio))
+
+
+def _rows(family: str, ms: dict[str, float], tokens: dict[str, str], errors: dict[str, float]) -> list[Row]:
+    plain = ms["unpatched"]
+    rows = []
+    for name, value in ms.items():
+        error = 0.0 if name == "unpatched" else errors.get(name)
+        rows.append(Row(family, name, _kind(name), _ratio(name), tokens[name], value, plain / value, error))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt_error(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
+def markdown_table(result: FamilyResult) -> list[str]:
+    """The family's table: config, tokens, ms/call, speed-up, relative error."""
+    token_head = "tokens (1/2, 1/4 level)" if result.family == "sdxl" else "image tokens"
+    lines = [f"| config | {token_head} | ms/call | speed-up | rel. error |", "|---|---:|---:|---:|---:|"]
+    for row in result.rows:
+        lines.append(f"| {row.config} | {row.tokens} | {row.ms:.1f} | {row.speedup:.2f}x | {_fmt_error(row.rel_error)} |")
+    return lines
+
+
+def plot_family(result: FamilyResult, path: Path) -> Path | None:
+    """Speed-up (y) against relative error (x), one point per configuration; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    styles = {"toma": ("o-", "C0", "ToMA (block)"), "toma-attn": ("s", "C2", "ToMA (scope attention)"),
+              "tome": ("^", "C3", "built-in ToMe")}
+    fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=110)
+    for kind, (marker, color, label) in styles.items():
+        rows = [r for r in result.rows if r.kind == kind]
+        if rows:
+            ax.plot([r.rel_error for r in rows], [r.speedup for r in rows], marker, color=color, label=label)
+            for r in rows:
+                ax.annotate(f"{r.ratio:g}", (r.rel_error, r.speedup), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ideal = {r.ratio: r.speedup for r in result.rows if r.kind == "ideal"}
+    toma = [r for r in result.rows if r.kind == "toma" and r.ratio in ideal]
+    if toma:
+        ax.plot([r.rel_error for r in toma], [ideal[r.ratio] for r in toma], "x", color="0.4",
+                label="ideal (unpatched on D tokens), at ToMA's error")
+    ax.axhline(1.0, color="0.7", lw=0.8, ls="--")
+    ax.set_xlabel("relative error of the denoiser output vs unpatched")
+    ax.set_ylabel("speed-up vs unpatched (x)")
+    ax.set_title(f"{result.family.upper()}-shaped model: speed-up vs error (labels: ratio)", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def result_dict(result: FamilyResult) -> dict:
+    """JSON-ready form of a FamilyResult."""
+    return {"family": result.family, "setup": result.setup, "seconds": result.seconds,
+            "reference_repeat_error": result.reference_repeat_error, "rows": [asdict(r) for r in result.rows]}
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--real-size", action="store_true", help="Flux.1 / SDXL sizes (GPU)")
+    p.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--out", default="bench/out/model_fidelity")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gpu = args.device != "cpu"
+    size = "real" if args.real_size else "cpu"
+    fargs = flux_args(args.device, "bf16" if gpu else "fp32", size, args.ratios, 9 if gpu else 5, 3 if gpu else 1)
+    bench_flux.import_comfy(fargs)
+    out = Path(args.out)
+    results = []
+    for family in args.families:
+        if family == "flux":
+            result = flux_family(fargs)
+        else:
+            result = sdxl_family(sdxl_args(args.device, "fp16" if gpu else "fp32", size, args.ratios, 3, 3 if gpu else 2))
+        print(f"\n{family}: {result.setup}; {result.seconds:.0f} s")
+        print("\n".join(markdown_table(result)))
+        plot_family(result, out / f"{family}_speedup_vs_error.png")
+        results.append(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_fidelity.json").write_text(json.dumps([result_dict(r) for r in results], indent=1) + "\n")
+    md = []
+    for r in results:
+        md += [f"## {r.family}", "", r.setup, "", *markdown_table(r), ""]
+    (out / "model_fidelity.md").write_text("\n".join(md))
+    print(f"wrote {out}/model_fidelity.md, model_fidelity.json and the plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""Run the whole benchmark suite and write one markdown table file, one JSON file and the plots.
+
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python bench/run_all.py          # CPU, < 10 min on 2 cores
+    python bench/run_all.py --device cuda                                           # real model sizes, bf16/fp16
+    python bench/run_all.py --smoke --out /tmp/smoke                                # tiny sizes, seconds
+
+Sections (each timed in this run, speed-ups always against the unpatched model of the same run):
+- core: bench/bench_core.py, make_plan + merge + unmerge against one Flux-width block.
+- flux: bench/model_fidelity.py on bench_flux's Flux-shaped model: ms per model call, speed-up and
+  relative error of the denoiser output, unpatched vs ToMA per ratio vs the ideal (D tokens).
+- sdxl: the same on bench_sdxl's SDXL-shaped UNet: unpatched vs ToMA vs scope "attention" vs the
+  built-in ToMe.
+- tokens: bench/fidelity.py, merge fidelity on natural-image tokens, ToMA vs ToMe vs pooling.
+
+Sizes. Default (CPU): the benches' CPU shapes (Flux hidden 768 with 2+4 blocks on 32x32 tokens,
+SDXL topology at model_channels 64 on a 56x56 latent, core block width 1024 on 4096 tokens, token
+fidelity for every similarity and tile 2/4/8 at the nodes' default temperature). --device cuda:
+Flux.1 and SDXL sizes (random weights; bf16 for Flux and the core, fp16 for SDXL) and the full
+token-fidelity sweep. --smoke: tiny everything (for the test suite, numbers meaningless).
+The flux and sdxl sections need ComfyUI (COMFYUI_PATH or a sibling checkout); without it they are
+skipped with the reason, and the rest still runs.
+
+Writes <out>/results.md, <out>/results.json, <out>/*_speedup_vs_error.png, <out>/token_fidelity.png
+and <out>/fidelity/ (bench/fidelity.py's own tables). bench/update_readme.py turns them into the
+README's Results section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import model_fidelity  # noqa: E402  (also puts tests/ and tests/integration/ on sys.path)
+
+SECTIONS = ("core", "flux", "sdxl", "tokens")
+RATIOS = (0.25, 0.5, 0.75)
+
+
+@dataclass
+class Preset:
+    """Sizes and repeats of one run mode (smoke, cpu, cuda)."""
+
+    name: str
+    core: list[str]
+    model_size: str  # model_fidelity size preset: "smoke", "cpu", "real"
+    flux_repeats: int
+    flux_warmup: int
+    sdxl_rounds: int
+    sdxl_calls: int
+    tokens: list[str] = field(default_factory=list)
+
+
+def preset_for(args: argparse.Namespace) -> Preset:
+    """The sizes for --smoke, the CPU default or --device cuda."""
+    if args.smoke:
+        return Preset("smoke", ["--width", "64", "--grid", "8", "--repeats", "1"], "smoke", 1, 0, 1, 1,
+                      ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"])
+    if args.device != "cpu":
+        return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5, [])
+    return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 5, 1, 2, 2,
+                  ["--tiles", "2,4,8"])
+
+
+# --------------------------------------------------------------------------------------------
+# Machine
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux, else platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: str) -> dict:
+    """What the numbers were measured on."""
+    info = {
+        "cpu": cpu_model(), "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+        "device": device, "load_average_start": _loadavg(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_line(info: dict) -> str:
+    """One line for the tables: CPU, threads, torch, GPU, load."""
+    parts = [f"{info['cpu']} ({info['logical_cores']} logical cores, torch threads {info['torch_threads']})",
+             f"torch {info['torch']}", f"Python {info['python']}"]
+    if info.get("gpu"):
+        parts.append(f"GPU {info['gpu']} (CUDA {info.get('cuda')})")
+    if info.get("comfyui"):
+        parts.append(f"ComfyUI {info['comfyui']}")
+    load = info.get("load_average_start"), info.get("load_average_end")
+    if all(load):
+        parts.append(f"load average {load[0][0]:.1f} at start, {load[1][0]:.1f} at end")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+
+
+def run_script(script: str, argv: list[str], threads: int) -> tuple[str, str]:
+    """Run a bench script with this Python; returns (command as text, stdout). Raises on failure."""
+    cmd = [sys.executable, str(BENCH / script), *argv]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"{script} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")
+    return _display(["python", f"bench/{script}", *argv]), result.stdout
+
+
+def _display(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def core_section(args: argparse.Namespace, preset: Preset) -> dict:
+    """bench_core.py's table (piece, median ms, % of one block) and its setup line."""
+    dtype = "bf16" if args.device != "cpu" else "fp32"
+    command, stdout = run_script("bench_core.py", ["--device", args.device, "--dtype", dtype, *preset.core], args.threads)
+    lines = stdout.strip().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    rows = []
+    for line in table[2:]:
+        piece, ms, pct = [c.strip() for c in line.strip("|").split("|")]
+        rows.append({"piece": piece, "ms": float(ms), "percent_of_block": float(pct.rstrip("%"))})
+    setup = next((line for line in lines if line.startswith("device=")), "")
+    return {"command": command, "setup": setup, "table": table, "rows": rows}
+
+
+def node_defaults() -> dict:
+    """The ToMA nodes' default similarity, tile size and temperature (nodes/settings.py)."""
+    from pack import pack_module
+
+    s = pack_module("nodes.settings").ToMASettings()
+    return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature}
+
+
+def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
+    """bench/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
+    default = node_defaults()
+    argv = ["--out", str(out / "fidelity"), *preset.tokens]
+    if preset.name != "cuda":
+        argv += ["--temperatures", f"{default['temperature']:g}"]
+    if preset.name == "smoke":
+        argv += ["--similarities", default["similarity"], "--compare", ""]
+    command, _ = run_script("fidelity.py", argv, args.threads)
+    command = command.replace(str(out / "fidelity"), "<out>/fidelity")
+    records = json.loads((out / "fidelity" / "fidelity.json").read_text())["records"]
+    for r in records:
+        r.pop("per_image", None)
+    return {"command": command, "default": default, "records": records, "ratios": list(RATIOS)}
+
+
+def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict:
+    """Speed and relative error of one model family (bench/model_fidelity.py)."""
+    gpu = args.device != "cpu"
+    if family == "flux":
+        fargs = model_fidelity.flux_args(args.device, "bf16" if gpu else "fp32", preset.model_size, list(RATIOS),
+                                         preset.flux_repeats, preset.flux_warmup)
+        result = model_fidelity.flux_family(fargs)
+    else:
+        sargs = model_fidelity.sdxl_args(args.device, "fp16" if gpu else "fp32", preset.model_size, list(RATIOS),
+                                         preset.sdxl_rounds, preset.sdxl_calls)
+        result = model_fidelity.sdxl_family(sargs)
+    model_fidelity.plot_family(result, Path(args.out) / f"{family}_speedup_vs_error.png")
+    section = model_fidelity.result_dict(result)
+    section["table"] = model_fidelity.markdown_table(result)
+    section["plot"] = f"{family}_speedup_vs_error.png"
+    return section
+
+
+def import_comfy(args: argparse.Namespace) -> str:
+    """Import ComfyUI the way the benches do; returns its version, raises RuntimeError if unavailable."""
+    import bench_flux
+
+    try:
+        root = bench_flux.import_comfy(bench_flux.parse_args(["--device", args.device]))
+    except SystemExit as exc:
+        raise RuntimeError(str(exc.code)) from None
+    import comfy_env
+
+    return comfy_env.comfy_version(root)
+
+
+# --------------------------------------------------------------------------------------------
+# Tables and plots
+
+
+def find_record(records: list[dict], method: str, ratio: float, **settings) -> dict | None:
+    """The fidelity record of a method (and ToMA settings) at a ratio."""
+    for r in records:
+        if r["method"] == method and abs(r["ratio"] - ratio) < 1e-9 and all(r.get(k) == v for k, v in settings.items()):
+            return r
+    return None
+
+
+def best_toma(records: list[dict], metric: str, ratios: list[float]) -> dict | None:
+    """Settings of the ToMA record set with the lowest mean `metric` over the ratios."""
+    keys = {(r["similarity"], r["tile"], r["temperature"]) for r in records if r["method"] == "toma"}
+    scored = []
+    for sim, tile, temp in keys:
+        values = [find_record(records, "toma", q, similarity=sim, tile=tile, temperature=temp) for q in ratios]
+        if all(values):
+            scored.append((sum(v[metric] for v in values) / len(values), {"similarity": sim, "tile": tile, "temperature": temp}))
+    return min(scored, key=lambda s: s[0])[1] if scored else None
+
+
+def _setting_text(settings: dict) -> str:
+    return f"ToMA {settings['similarity']}, tile {settings['tile']}, T={settings['temperature']:g}"
+
+
+def token_rows(section: dict) -> list[tuple[str, str, dict]]:
+    """(label, method, settings) rows of the token table: node default, best by attn, ToMe, pooling."""
+    records, ratios = section["records"], section["ratios"]
+    rows = [(f"{_setting_text(section['default'])} (nodes' default)", "toma", section["default"])]
+    best = best_toma(records, "attn", ratios)
+    if best and best != section["default"]:
+        rows.append((f"{_setting_text(best)} (lowest attn error here)", "toma", best))
+    rows += [("ToMe (ComfyUI built-in scheme)", "tome", {}), ("2x2 average pooling", "pool2x2", {}),
+             ("1x2 average pooling", "pool1x2", {})]
+    return rows
+
+
+def token_table(section: dict) -> list[str]:
+    """attn and roundtrip relative errors per ratio for the rows of token_rows()."""
+    ratios = section["ratios"]
+    head = " | ".join(f"attn {q:g}" for q in ratios) + " | " + " | ".join(f"roundtrip {q:g}" for q in ratios)
+    lines = [f"| method | {head} |", "|---|" + "---:|" * (2 * len(ratios))]
+    for label, method, settings in token_rows(section):
+        cells = []
+        for metric in ("attn", "roundtrip"):
+            for q in ratios:
+                r = find_record(section["records"], method, q, **settings)
+                cells.append("–" if r is None else f"{r[metric]:.4f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_tokens(section: dict, path: Path) -> Path | None:
+    """attn error against ratio for the rows of token_rows(); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=110)
+    for label, method, settings in token_rows(section):
+        points = [(r["ratio"], r["attn"]) for r in section["records"]
+                  if r["method"] == method and all(r.get(k) == v for k, v in settings.items())]
+        points.sort()
+        if points:
+            style = "o-" if len(points) > 1 else "D"
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+    ax.set_xlabel("merge ratio (share of tokens merged away)")
+    ax.set_ylabel("attention-layer relative error")
+    ax.set_title("Natural-image tokens: self-attention on merged tokens, unmerged", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def render_markdown(results: dict, image_dir: str = ".", heading: str = "#") -> str:
+    """Every table of a run as markdown; images linked under image_dir; headings one level below `heading`."""
+    h2, h3 = heading + "#", heading + "##"
+    m = results["machine"]
+    out = [f"{heading} ToMA benchmark results ({results['preset']})", "",
+           f"Command: `{results['command']}` ({results['seconds']:.0f} s)  ",
+           f"Machine: {machine_line(m)}.", ""]
+    sections = results["sections"]
+    for family, title in (("flux", "Flux-shaped model"), ("sdxl", "SDXL-shaped model")):
+        s = sections.get(family)
+        if s is None:
+            continue
+        out += [f"{h2} {title}: speed and denoiser-output error", ""]
+        if "skipped" in s:
+            out += [f"Skipped: {s['skipped']}", ""]
+            continue
+        out += [s["setup"] + ". Relative error = ||out - out_unpatched|| / ||out_unpatched|| of one model call "
+                f"(fixed seed; the unpatched model repeated gives {s['reference_repeat_error']:.1e}).", "",
+                *s["table"], ""]
+        if s.get("plot_written"):
+            out += [f"![{title}: speed-up vs error]({image_dir}/{s['plot']})", ""]
+    s = sections.get("core")
+    if s is not None:
+        out += [f"{h2} Core overhead (make_plan + merge + unmerge vs one block)", ""]
+        out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [f"`{s['command']}`: {s['setup']}", "", *s["table"], ""]
+    s = sections.get("tokens")
+    if s is not None:
+        out += [f"{h2} Token-level fidelity on natural-image tokens", ""]
+        if "skipped" in s:
+            out += [f"Skipped: {s['skipped']}", ""]
+        else:
+            out += [f"`{s['command']}`. Relative errors, mean over scikit-image's sample photographs: `attn` = "
+                    "a self-attention layer on the merged tokens, unmerged, against the layer on all tokens; "
+                    "`roundtrip` = unmerge(merge(x)) against x. Full tables: `<out>/fidelity/fidelity.md`.", "",
+                    *token_table(s), ""]
+            if s.get("plot_written"):
+                out += [f"![token fidelity]({image_dir}/{s['plot']})", ""]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--out", default=str(ROOT / "bench" / "out"), help="output folder (default bench/out/, git-ignored)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests (numbers meaningless)")
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads, also for the sub-benchmarks (0 = torch default)")
+    return p.parse_args(argv)
+
+
+def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
+    """Each requested section in order; a failing or unavailable section is recorded as skipped."""
+    out = Path(args.out)
+    sections: dict[str, dict] = {}
+    comfy_error = None
+    if {"flux", "sdxl"} & set(args.sections):
+        try:
+            info["comfyui"] = import_comfy(args)
+        except RuntimeError as exc:
+            comfy_error = f"ComfyUI unavailable: {exc}"
+    for name in SECTIONS:
+        if name not in args.sections:
+            continue
+        start = time.perf_counter()
+        print(f"[run_all] {name} ...", flush=True)
+        if name in ("flux", "sdxl") and comfy_error:
+            sections[name] = {"skipped": comfy_error}
+        elif name == "core":
+            sections[name] = core_section(args, preset)
+        elif name == "tokens":
+            sections[name] = tokens_section(args, preset, out)
+            sections[name]["plot"] = "token_fidelity.png"
+            sections[name]["plot_written"] = plot_tokens(sections[name], out / "token_fidelity.png") is not None
+        else:
+            sections[name] = model_section(name, args, preset)
+            sections[name]["plot_written"] = (out / sections[name]["plot"]).is_file()
+        seconds = time.perf_counter() - start
+        sections[name].setdefault("section_seconds", seconds)
+        note = sections[name].get("skipped", "done")
+        print(f"[run_all] {name}: {note} ({seconds:.0f} s)", flush=True)
+    return sections
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = preset_for(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    info = machine_info(args.device)
+    print(f"[run_all] {preset.name} preset; machine: {machine_line(info)}", flush=True)
+    sections = run_sections(args, preset, info)
+    info["load_average_end"] = _loadavg()
+    shown = [a if a != str(out) else "<out>" for a in (argv if argv is not None else sys.argv[1:])]
+    results = {"preset": preset.name, "command": _display(["python", "bench/run_all.py", *shown]),
+               "machine": info, "seconds": time.perf_counter() - start, "sections": sections}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(render_markdown(results) + "\n")
+    print(render_markdown(results))
+    print(f"[run_all] wrote {out / 'results.md'}, {out / 'results.json'} and the plots ({results['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

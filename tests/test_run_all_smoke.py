@@ -1,0 +1,63 @@
+"""Smoke test of the benchmark entry point bench/run_all.py (and through it bench/model_fidelity.py)
+on tiny sizes: every section runs, results.md / results.json are written, speed-ups are against the
+unpatched model of the same run and ToMA's denoiser output differs from the unpatched one.
+
+Skips with the reason when ComfyUI (needed by the model sections) or scikit-image (the token
+section's sample images) is not available. A few seconds; the benchmarks themselves are not run in CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+import comfy_env  # noqa: E402
+
+
+def _comfy_or_skip() -> Path:
+    root = comfy_env.find_comfy_root()
+    if root is None:
+        pytest.skip("ComfyUI not found (set COMFYUI_PATH); bench/run_all.py's model sections need it")
+    return root
+
+
+@pytest.mark.skipif(importlib.util.find_spec("skimage") is None, reason="scikit-image not installed (sample images)")
+def test_run_all_smoke(tmp_path):
+    root = _comfy_or_skip()
+    env = dict(os.environ, COMFYUI_PATH=str(root))
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py"), "--smoke", "--threads", "1",
+                             "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    sections = results["sections"]
+    skipped = sections["flux"].get("skipped")
+    if skipped and "ComfyUI unavailable" in skipped:
+        pytest.skip(skipped)
+    assert set(sections) == {"core", "flux", "sdxl", "tokens"}
+    assert not any("skipped" in s for s in sections.values()), sections
+    for family in ("flux", "sdxl"):
+        rows = {r["config"]: r for r in sections[family]["rows"]}
+        assert rows["unpatched"]["speedup"] == pytest.approx(1.0) and rows["unpatched"]["rel_error"] == 0.0
+        for ratio in ("0.25", "0.5", "0.75"):
+            toma = rows[f"ToMA {ratio}"]
+            assert 0 < toma["rel_error"] < 10 and toma["ms"] > 0, toma
+        assert sections[family]["reference_repeat_error"] == 0.0
+    assert {r["config"] for r in sections["sdxl"]["rows"]} >= {"ToMe 0.5", "ToMA-attn 0.5"}
+    assert {r["config"] for r in sections["flux"]["rows"]} >= {"ideal 0.5"}
+    assert any(r["piece"] == "make_plan" for r in sections["core"]["rows"])
+    assert {r["method"] for r in sections["tokens"]["records"]} >= {"toma", "tome", "pool2x2"}
+    md = (tmp_path / "results.md").read_text()
+    assert "| ToMA 0.5 |" in md and "Machine:" in md and "torch" in md
+    assert "nodes' default" in md
+    if importlib.util.find_spec("matplotlib") is not None:
+        for png in ("flux_speedup_vs_error.png", "sdxl_speedup_vs_error.png", "token_fidelity.png"):
+            assert (tmp_path / png).stat().st_size > 1000
