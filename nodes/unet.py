@@ -118,31 +118,45 @@ def apply(model, settings: ToMASettings) -> UNetAdapter:
 def find_sites(unet: torch.nn.Module) -> list[TransformerSite]:
     """Every BasicTransformerBlock of a UNetModel with its block id and resolution level.
 
-    The level is tracked by walking the blocks in execution order: each Downsample halves the
-    grid, each Upsample doubles it. Video UNets (SpatialVideoTransformer) are refused.
+    The level is tracked by walking the blocks in execution order: each downsampling layer halves
+    the grid, each upsampling layer doubles it. Video UNets (SpatialVideoTransformer) are refused.
     """
     from comfy.ldm.modules.attention import SpatialTransformer, SpatialVideoTransformer
-    from comfy.ldm.modules.diffusionmodules.openaimodel import Downsample, Upsample
 
     sites: list[TransformerSite] = []
     downsample = 1
-    stages = [("input", "input_blocks", list(unet.input_blocks))]
-    if getattr(unet, "middle_block", None) is not None:
-        stages.append(("middle", "middle_block", [unet.middle_block]))
-    stages.append(("output", "output_blocks", list(unet.output_blocks)))
-    for group, attr, modules in stages:
-        for index, block in enumerate(modules):
-            prefix = attr if group == "middle" else f"{attr}.{index}"
-            for layer_index, layer in enumerate(block):
-                if isinstance(layer, SpatialVideoTransformer):
-                    raise ValueError("ToMA does not support video UNets (SpatialVideoTransformer, e.g. SVD)")
-                if isinstance(layer, SpatialTransformer):
-                    sites += _stack_sites(layer, f"{prefix}.{layer_index}", (group, index), downsample)
-                elif isinstance(layer, Downsample):
-                    downsample *= 2
-                elif isinstance(layer, Upsample):
-                    downsample = max(1, downsample // 2)
+    for group, prefix, index, block in _unet_blocks(unet):
+        for layer_index, layer in enumerate(block):
+            if isinstance(layer, SpatialVideoTransformer):
+                raise ValueError("ToMA does not support video UNets (SpatialVideoTransformer, e.g. SVD)")
+            if isinstance(layer, SpatialTransformer):
+                sites += _stack_sites(layer, f"{prefix}.{layer_index}", (group, index), downsample)
+            downsample = max(1, int(downsample * _scale_change(layer)))
     return sites
+
+
+def _unet_blocks(unet: torch.nn.Module):
+    """(group, module path, index, TimestepEmbedSequential) of every UNet block in execution order."""
+    for index, block in enumerate(unet.input_blocks):
+        yield "input", f"input_blocks.{index}", index, block
+    if getattr(unet, "middle_block", None) is not None:
+        yield "middle", "middle_block", 0, unet.middle_block
+    for index, block in enumerate(unet.output_blocks):
+        yield "output", f"output_blocks.{index}", index, block
+
+
+def _scale_change(layer: torch.nn.Module) -> float:
+    """2 after a downsampling layer (Downsample, or a ResBlock with down=True), 0.5 after an
+    upsampling one, else 1."""
+    from comfy.ldm.modules.diffusionmodules.openaimodel import Downsample, Upsample
+
+    if getattr(layer, "updown", False):
+        layer = getattr(layer, "h_upd", layer)
+    if isinstance(layer, Downsample):
+        return 2.0
+    if isinstance(layer, Upsample):
+        return 0.5
+    return 1.0
 
 
 def _stack_sites(stack: torch.nn.Module, path: str, block: BlockId, downsample: int) -> list[TransformerSite]:

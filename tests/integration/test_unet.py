@@ -491,3 +491,37 @@ def test_bench_sdxl_runs(comfy: Any) -> None:
     rows = [line[:16].strip() for line in result.stdout.splitlines()[2:]]
     assert rows[:4] == ["unpatched", "ToMA 0.25", "ToMA 0.5", "ToMA 0.75"]
     assert "ToMA-attn 0.5" in rows and "ToMe 0.5" in rows
+
+
+@pytest.mark.parametrize(
+    "family, depth, expected",
+    [
+        # SDXL (DESIGN §2): 10 blocks at 1/2 (64x64 at 1024^2), 60 at 1/4 (32x32); auto takes all 70.
+        ("SDXL", ([0, 0, 2, 2, 10, 10], [0, 0, 0, 2, 2, 2, 10, 10, 10], 10), {2: 10, 4: 60}),
+        # SD1.5: one block per transformer at 1, 1/2, 1/4 and the 1/8 middle; auto leaves the middle out.
+        ("SD15", ([1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], 1), {1: 5, 2: 5, 4: 5, 8: 1}),
+    ],
+)
+def test_real_topology_sites_and_auto(comfy: Any, toma: Any, family: str, depth: tuple, expected: dict[int, int]) -> None:
+    """find_sites on the real SDXL / SD1.5 configs, built on the meta device (no memory)."""
+    from collections import Counter
+
+    import comfy.ops
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    sdxl = family == "SDXL"
+    unet = UNetModel(
+        image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[2] * (3 if sdxl else 4),
+        channel_mult=[1, 2, 4] if sdxl else [1, 2, 4, 4], transformer_depth=depth[0], transformer_depth_output=depth[1],
+        transformer_depth_middle=depth[2], use_spatial_transformer=True, use_linear_in_transformer=sdxl, legacy=False,
+        num_classes="sequential" if sdxl else None, adm_in_channels=2816 if sdxl else None,
+        context_dim=2048 if sdxl else 768, num_heads=-1 if sdxl else 8, num_head_channels=64 if sdxl else -1,
+        device="meta", operations=comfy.ops.disable_weight_init,
+    )
+    sites = toma.unet.find_sites(unet)
+    assert Counter(s.downsample for s in sites) == expected
+    auto = pack_module("nodes.unet_blocks").parse_unet_blocks("auto")
+    chosen = [s for s in sites if auto.selects(s.block, s.downsample)]
+    assert len(chosen) == (70 if sdxl else 15)
+    if sdxl:
+        assert {s.block for s in sites if s.downsample == 4} == {("input", 7), ("input", 8), ("middle", 0), ("output", 0), ("output", 1), ("output", 2)}
