@@ -31,6 +31,9 @@ import torch
 from ..toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
 from .settings import CALL_KEY, TOMA_KEY, ToMASettings
 
+TORCH_COMPILE_KWARGS = "torch_compile_kwargs"
+"""model_options key set by ComfyUI's set_torch_compile_wrapper (TorchCompileModel)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +99,11 @@ class RunStats:
     unmerged_blocks: Counter = field(default_factory=Counter)
     tokens: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """(h, w) grid -> (N, D) for every plan built."""
+    eligible_calls: int = 0
+    """Calls decided "merge" before they ran (merged_calls drops those in which no block ran)."""
+    merged_per_step: Counter = field(default_factory=Counter)
+    compiled: bool = False
+    """The model ran under torch.compile: blocks cannot count, so no per-block accounting."""
 
 
 class RunState:
@@ -254,6 +262,7 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     try:
         guider.model_options = comfy.model_patcher.create_model_options_clone(original)
         guider.model_options["transformer_options"][TOMA_KEY] = state
+        state.stats.compiled = TORCH_COMPILE_KWARGS in guider.model_options
         sampling = guider.model_patcher.get_model_object("model_sampling")
         state.begin_run(sampling.percent_to_sigma, args[3] if len(args) > 3 else kwargs.get("sigmas"))
         return executor(*args, **kwargs)
@@ -282,11 +291,35 @@ def apply_model_wrapper(executor, *args, **kwargs):
     options = dict(options)
     options[CALL_KEY] = ctx
     put_back(options)
+    hooked = _hooked_blocks(state)
     _ACTIVE.append(ctx)
     try:
-        return executor(*args, **kwargs)
+        out = executor(*args, **kwargs)
     finally:
         _ACTIVE.pop()
+    if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
+        _count_idle_call(state, ctx)
+    return out
+
+
+IDLE_CALL = "with no block run (skipped by a step cache, or bypassed)"
+"""Unmerged-call reason: a merge-eligible call in which none of ToMA's block hooks ran (EasyCache
+returned its cached result, or the forward loop ignores ToMA's hooks)."""
+
+
+def _hooked_blocks(state: RunState) -> int:
+    stats = state.stats
+    return stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + sum(_ORPHANS.values())
+
+
+def _count_idle_call(state: RunState, ctx: CallContext) -> None:
+    """Move a merge-eligible call in which no block hook ran from "merged" to "unmerged"."""
+    stats = state.stats
+    stats.merged_calls -= 1
+    stats.unmerged_calls[IDLE_CALL] += 1
+    stats.merged_per_step[ctx.step] -= 1
+    if stats.merged_per_step[ctx.step] <= 0:
+        stats.steps_merged.discard(ctx.step)
 
 
 def _options_of(args: list, kwargs: dict) -> tuple[dict | None, Callable[[dict], None]]:
@@ -330,6 +363,8 @@ def _count_call(state: RunState, ctx: CallContext) -> None:
     stats.calls += 1
     if ctx.merge:
         stats.merged_calls += 1
+        stats.eligible_calls += 1
+        stats.merged_per_step[ctx.step] += 1
         stats.steps_merged.add(ctx.step)
     else:
         stats.unmerged_calls[ctx.reason] += 1
@@ -357,15 +392,23 @@ def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int) -> st
     if orphan_blocks:
         unmerged.append(f"{orphan_blocks} block runs without transformer_options")
     parts.append("unmerged: " + (", ".join(unmerged) if unmerged else "none"))
+    if stats.compiled:
+        parts.append("torch.compile: block runs are not counted")
+    elif _bypassed(config, stats, orphan_blocks):
+        parts.append(f"ToMA was bypassed: none of its block hooks ran in {stats.eligible_calls} merge-eligible calls")
     parts.append(config.settings.describe())
     return " | ".join(parts)
 
 
-def _warn_bypass(state: RunState, orphans: int) -> None:
-    stats = state.stats
+def _bypassed(config: ToMAConfig, stats: RunStats, orphans: int) -> bool:
+    """Merge-eligible calls ran, yet no block hook ran at all (not knowable under torch.compile)."""
     hooked = stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + orphans
-    if state.config.adapter.num_blocks and stats.merged_calls and not hooked and not _compiling():
+    return bool(config.adapter.num_blocks and stats.eligible_calls and not hooked and not stats.compiled)
+
+
+def _warn_bypass(state: RunState, orphans: int) -> None:
+    if _bypassed(state.config, state.stats, orphans) and not _compiling():
         log.warning(
             "ToMA: the model ran %d merge-eligible calls but none of ToMA's block hooks ran; another "
-            "node replaced the model's forward loop and ToMA had no effect", stats.merged_calls,
+            "node replaced the model's forward loop and ToMA had no effect", state.stats.eligible_calls,
         )
