@@ -58,7 +58,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from toma_core import SIMILARITIES, make_plan  # noqa: E402
+from toma_core import BUDGETS, SIMILARITIES, make_plan  # noqa: E402
 
 log = logging.getLogger("toma.fidelity")
 
@@ -341,11 +341,11 @@ class Method:
         return f"{self.name} ({extras})" if extras else self.name
 
 
-def toma_method(similarity: str, tile: int, temperature: float, ratios: Iterable[float]) -> Method:
+def toma_method(similarity: str, tile: int, temperature: float, ratios: Iterable[float], budget: str = "tile") -> Method:
     def build(x: torch.Tensor, h: int, w: int, ratio: float, seed: int) -> Merger:
-        return make_plan(x, h, w, ratio, tile, similarity=similarity, temperature=temperature)
+        return make_plan(x, h, w, ratio, tile, similarity=similarity, temperature=temperature, budget=budget)
 
-    settings = {"similarity": similarity, "tile": tile, "temperature": temperature}
+    settings = {"similarity": similarity, "tile": tile, "temperature": temperature, "budget": budget}
     return Method("toma", settings, build, tuple(ratios))
 
 
@@ -366,7 +366,8 @@ def pool_method(ky: int, kx: int) -> Method:
 def methods_for(args: argparse.Namespace) -> list[Method]:
     """Every method and setting of the sweep, in table order."""
     methods = [
-        toma_method(sim, tile, temp, args.ratios)
+        toma_method(sim, tile, temp, args.ratios, budget)
+        for budget in args.budgets
         for sim in args.similarities
         for tile in args.tiles
         for temp in args.temperatures
@@ -549,6 +550,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", type=_floats, default=list(RATIOS), help="comma-separated merge ratios in (0, 1)")
     p.add_argument("--tiles", type=_ints, default=list(TILE_SIZES), help="comma-separated ToMA tile sizes")
     p.add_argument("--similarities", type=_names, default=list(SIMILARITIES), help="comma-separated ToMA similarities")
+    p.add_argument("--budgets", type=_names, default=list(BUDGETS), help="comma-separated ToMA token budgets (tile, adaptive)")
     p.add_argument("--temperatures", type=_floats, default=list(TEMPERATURES), help="comma-separated ToMA temperatures")
     p.add_argument("--tome-seeds", type=int, default=3, help="random destination draws averaged for ToMe")
     p.add_argument("--seed", type=int, default=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toma_core import SIMILARITIES, MergePlan, TiledMergePlan, make_plan
+from toma_core import BUDGETS, SIMILARITIES, MergePlan, TiledMergePlan, make_plan
 
 GRIDS = [(64, 48, 4), (37, 53, 4), (1, 100, 4), (3, 3, 4), (5, 7, 3), (16, 16, 8), (2, 9, 2)]
 
@@ -16,9 +16,10 @@ def tokens(b: int, n: int, c: int, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("h,w,t", GRIDS)
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
-def test_shapes_and_indices(h: int, w: int, t: int, ratio: float) -> None:
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_shapes_and_indices(h: int, w: int, t: int, ratio: float, budget: str) -> None:
     x = tokens(2, h * w, 12)
-    plan = make_plan(x, h, w, ratio, t)
+    plan = make_plan(x, h, w, ratio, t, budget=budget)
     d = plan.num_kept
     assert 1 <= d <= h * w
     if t > 1 and h * w >= 4:
@@ -50,23 +51,25 @@ def test_tile_one_keeps_every_token() -> None:
 
 @pytest.mark.parametrize("similarity", SIMILARITIES)
 @pytest.mark.parametrize("temperature", [1e-3, 0.0])
-def test_constant_clusters_round_trip_exactly(similarity: str, temperature: float) -> None:
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_constant_clusters_round_trip_exactly(similarity: str, temperature: float, budget: str) -> None:
     # 2x2 blocks of identical tokens in 4x4 tiles, ratio 0.75 keeps 4 per tile: one per block.
     h = w = 8
     cells = tokens(2, (h // 2) * (w // 2), 16).view(2, h // 2, w // 2, 16)
     x = cells.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2).reshape(2, h * w, 16)
-    plan = make_plan(x, h, w, 0.75, 4, similarity=similarity, temperature=temperature)
+    plan = make_plan(x, h, w, 0.75, 4, similarity=similarity, temperature=temperature, budget=budget)
     assert plan.num_kept == 16
     torch.testing.assert_close(plan.unmerge(plan.merge(x)), x, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("h,w,t", GRIDS)
-def test_merge_rows_sum_to_one(h: int, w: int, t: int) -> None:
-    plan = make_plan(tokens(2, h * w, 12), h, w, 0.5, t)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_merge_rows_sum_to_one(h: int, w: int, t: int, budget: str) -> None:
+    plan = make_plan(tokens(2, h * w, 12), h, w, 0.5, t, budget=budget)
     assert isinstance(plan, TiledMergePlan)
-    sums = plan.merge_matrix.sum(-1)[plan.grid.slot_valid.expand_as(plan.merge_matrix[..., 0])]
+    sums = plan.merge_matrix.sum(-1)[plan.slot_valid.expand_as(plan.merge_matrix[..., 0])]
     torch.testing.assert_close(sums, torch.ones_like(sums))
-    unmerge_rows = plan.assign.sum(-2)[~plan.grid.pad_mask.expand(2, -1, -1)]
+    unmerge_rows = plan.assign.sum(-2)[~plan.grid.pad_mask().expand(2, -1, -1)]
     torch.testing.assert_close(unmerge_rows, torch.ones_like(unmerge_rows))
 
 
@@ -131,9 +134,44 @@ def test_float_features_in_other_dtype_than_tokens() -> None:
         ({"height": 9}, r"does not match the grid"),
         ({"similarity": "dot"}, r"similarity='dot' is not supported"),
         ({"temperature": -1.0}, r"temperature=-1.0 must be >= 0"),
+        ({"budget": "global"}, r"budget='global' is not supported"),
     ],
 )
 def test_illegal_arguments_raise_clear_errors(kwargs: dict, match: str) -> None:
     args = {"height": 8, "width": 8, "ratio": 0.5, "tile_size": 4} | kwargs
     with pytest.raises(ValueError, match=match):
         make_plan(tokens(1, 64, 4), **args)
+
+
+def half_flat_tokens(seed: int = 0) -> torch.Tensor:
+    """(1, 16*16, 8): the left half one constant token, the right half random."""
+    x = tokens(1, 256, 8, seed=seed).view(1, 16, 16, 8)
+    x[:, :, :8] = x[:, :1, :1]
+    return x.reshape(1, 256, 8)
+
+
+def kept_per_half(plan: TiledMergePlan) -> tuple[int, int]:
+    cols = plan.dst_index[0] % 16
+    return int((cols < 8).sum()), int((cols >= 8).sum())
+
+
+def test_adaptive_budget_moves_tokens_from_flat_to_detailed_tiles() -> None:
+    x = half_flat_tokens()
+    tile = make_plan(x, 16, 16, 0.5, 4)
+    adaptive = make_plan(x, 16, 16, 0.5, 4, budget="adaptive")
+    assert adaptive.num_kept == tile.num_kept == 128
+    assert kept_per_half(tile) == (64, 64)
+    flat, detailed = kept_per_half(adaptive)
+    assert flat == 8, "each flat tile keeps exactly its one mandatory destination"
+    assert detailed == 120
+    error = {name: (plan.unmerge(plan.merge(x)) - x).norm() for name, plan in (("tile", tile), ("adaptive", adaptive))}
+    assert error["adaptive"] < 0.5 * error["tile"]
+
+
+def test_adaptive_budget_is_per_sample() -> None:
+    a, b = half_flat_tokens(1), half_flat_tokens(2).flip(1)
+    plan = make_plan(torch.cat([a, b]), 16, 16, 0.5, 4, budget="adaptive")
+    single = make_plan(b, 16, 16, 0.5, 4, budget="adaptive")
+    assert torch.equal(plan.dst_index[1], single.dst_index[0])
+    assert not torch.equal(plan.dst_index[0], plan.dst_index[1])
+    torch.testing.assert_close(plan.merge(torch.cat([a, b]))[1:], single.merge(b))

@@ -8,13 +8,14 @@ n tokens per tile, k destinations per tile.
 
 from __future__ import annotations
 
-from .facility import facility_location
-from .plan import MergePlan, TiledMergePlan, check_plan_args, make_plan
+from .facility import facility_location, greedy_with_gains
+from .plan import BUDGETS, MergePlan, TiledMergePlan, check_plan_args, make_plan
 from .schedule import MergeSchedule, SigmaWindow, StepDecision, step_index
 from .similarity import SIMILARITIES
 from .tiling import TileGrid, kept_per_tile
 
 __all__ = [
+    "BUDGETS",
     "SIMILARITIES",
     "MergePlan",
     "MergeSchedule",
@@ -24,6 +25,7 @@ __all__ = [
     "TiledMergePlan",
     "check_plan_args",
     "facility_location",
+    "greedy_with_gains",
     "kept_per_tile",
     "make_plan",
     "step_index",

@@ -19,6 +19,16 @@ def facility_location(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     distinct, so callers can drop them by position. Ties go to the lowest index (deterministic);
     chosen tokens are excluded, so a tile of identical tokens still yields k distinct indices.
     """
+    return greedy_with_gains(sim, k, mask)[0]
+
+
+def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`facility_location` plus the marginal gain of every pick, (..., k) fp32.
+
+    A pick's gain is how much it raised F; it is -1 for the fallback picks of masked tokens.
+    Greedy gains are comparable across tiles, so they can share one budget (make_plan's
+    budget="adaptive").
+    """
     n = sim.shape[-1]
     if sim.shape[-2] != n:
         raise ValueError(f"sim must be square in its last two dims, got shape {tuple(sim.shape)}")
@@ -32,13 +42,14 @@ def facility_location(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     cover = torch.zeros_like(s[..., 0, :])
     chosen = torch.zeros_like(allowed)
     positions = torch.arange(n, device=s.device)
-    picks = []
+    picks, gains = [], []
     for _ in range(k):
         gain = ((s - cover.unsqueeze(-2)).clamp_min(0) * weight).sum(-1)
         gain = torch.where(allowed, gain, -1.0).masked_fill(chosen, float("-inf"))
-        idx = gain.argmax(dim=-1)
+        best, idx = gain.max(dim=-1)
         picks.append(idx)
+        gains.append(best)
         chosen = chosen | (positions == idx.unsqueeze(-1))
         row = s.gather(-2, idx[..., None, None].expand(*idx.shape, 1, n)).squeeze(-2)
         cover = torch.maximum(cover, row)
-    return torch.stack(picks, dim=-1)
+    return torch.stack(picks, dim=-1), torch.stack(gains, dim=-1)

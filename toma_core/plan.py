@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .facility import facility_location
+from .facility import facility_location, greedy_with_gains
 from .similarity import check_similarity, pairwise, prepare_features
 from .tiling import TileGrid
 
@@ -60,27 +60,39 @@ class MergePlan:
 
 
 class TiledMergePlan(MergePlan):
-    """A plan that merges N -> D tokens tile by tile; see `make_plan`."""
+    """A plan that merges N -> D tokens tile by tile; see `make_plan`.
 
-    def __init__(self, grid: TileGrid, dst: torch.Tensor, assign: torch.Tensor) -> None:
+    dst (B, G, k) tile-local destination indices; assign (B, G, k, n) the soft assignment P
+    (zero rows for unused slots); maps: None when every slot is used, else (kept (B|1, D) the
+    slot of each kept token, source (B|1, G*k) the kept token each slot reads on unmerge).
+    """
+
+    def __init__(self, grid: TileGrid, dst: torch.Tensor, assign: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         super().__init__(assign.shape[0], grid.height * grid.width, assign.device)
         self.grid = grid
         self.dst = dst
         self.assign = assign
+        self.maps = maps
         self._merge = assign / assign.sum(-1, keepdim=True).clamp_min(1e-12)
         self._unmerge = assign.transpose(-1, -2)
         self._cast_cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
         self._index = self._raster_destinations()
 
+    @property
+    def slot_valid(self) -> torch.Tensor:
+        """(B, G, k) bool: the destination slots in use (exactly D per sample)."""
+        return self.assign.sum(-1) > 0
+
     def _raster_destinations(self) -> torch.Tensor:
-        local_to_raster = self.grid.raster_index.to(self.device).expand(self.batch, -1, -1)
+        local_to_raster = self.grid.raster_index(self.device).expand(self.batch, -1, -1)
         flat = local_to_raster.gather(-1, self.dst).flatten(1)
         return self._keep(flat.unsqueeze(-1)).squeeze(-1)
 
     def _keep(self, slots: torch.Tensor) -> torch.Tensor:
-        """(B, G*k, C) slots -> (B, D, C), dropping the dead slots of sparse edge tiles."""
-        kept = self.grid.kept_slots
-        return slots if kept is None else slots.index_select(1, kept.to(slots.device))
+        """(B, G*k, C) slots -> (B, D, C), dropping the unused slots."""
+        if self.maps is None:
+            return slots
+        return take_rows(slots, self.maps[0])
 
     def _matrix(self, name: str, like: torch.Tensor) -> torch.Tensor:
         key = (name, like.dtype, like.device)
@@ -108,10 +120,9 @@ class TiledMergePlan(MergePlan):
         return self._keep(merged.flatten(1, 2))
 
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
-        source = self.grid.slot_source
-        if source is not None:
-            y = y.index_select(1, source.to(y.device))
-        tiles = y.view(y.shape[0], self.grid.num_tiles, self.grid.k, y.shape[-1])
+        if self.maps is not None:
+            y = take_rows(y, self.maps[1])
+        tiles = y.view(y.shape[0], self.grid.num_tiles, self.dst.shape[-1], y.shape[-1])
         return self.grid.unfold(self._matrix("unmerge", y) @ tiles)
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
@@ -123,6 +134,34 @@ class TiledMergePlan(MergePlan):
         if moved.shape[0] == 1:
             batch = torch.zeros_like(batch)
         return moved[batch, self._index.to(rows.device)].movedim(1, dim)
+
+
+def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, L, C), index (B or 1, M) -> (B, M, C): rows of each sample (a gather, no scatter)."""
+    index = index.to(x.device).expand(x.shape[0], -1)
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def adaptive_slots(gains: torch.Tensor, num_kept: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Share one budget of D destinations over all tiles of a sample by greedy gain.
+
+    gains (B, G, k): the marginal facility-location gain of each tile's picks, in pick order.
+    Every tile keeps its first pick; the other D - G slots go to the largest gains of the whole
+    sample, so flat regions give up more tokens than detailed ones (as ToMe's global budget
+    does), while merging stays tile-local. Returns slot_valid (B, G, k), exactly D per sample,
+    and its maps (kept (B, D), source (B, G*k)); static shapes (topk, no nonzero).
+    """
+    g, k = gains.shape[-2:]
+    key = gains.double()
+    key[..., 0] = 1e12
+    key = key.masked_fill(gains < 0, -1e12)
+    # Distinct keys (ties to the earlier tile and pick) make the count exactly D.
+    key = (key - torch.arange(g * k, device=gains.device, dtype=torch.float64).view(g, k) * 1e-12).flatten(1)
+    valid = key >= key.topk(num_kept, dim=1).values[:, -1:]
+    positions = torch.arange(g * k, device=gains.device)
+    kept = torch.where(valid, positions - g * k, positions).topk(num_kept, dim=1, largest=False).indices
+    source = (valid.long().cumsum(1) - 1).clamp_min(0)
+    return valid.view(-1, g, k), (kept, source)
 
 
 def check_plan_args(height: int, width: int, ratio: float, tile_size: int, temperature: float) -> None:
@@ -158,6 +197,9 @@ def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.
     return torch.where(own.amax(dim=-2, keepdim=True) > 0, own, assign)
 
 
+BUDGETS = ("tile", "adaptive")
+
+
 def make_plan(
     features: torch.Tensor,
     height: int,
@@ -167,18 +209,23 @@ def make_plan(
     *,
     similarity: str = "cosine",
     temperature: float = 1e-3,
+    budget: str = "tile",
 ) -> MergePlan:
     """Choose destinations per sample and tile, and build the merge/unmerge matrices.
 
     features: (B, N, C) with N = height * width in raster order (the block's input tokens).
-    ratio in [0, 1): share of tokens merged away; every tile keeps round(n_real * (1 - ratio)),
-    at least 1. tile_size >= 1 tokens per side (clamped to the grid). similarity: "cosine"
-    (paper), "centered_cosine" or "neg_sq_dist". temperature >= 0: softmax(sim / temperature) over
-    destinations; the paper's tau = 1000 is temperature 1e-3, 0 is a hard assignment.
+    ratio in [0, 1): share of tokens merged away; D = sum over tiles of round(n_real * (1 - ratio)),
+    at least 1 per tile. tile_size >= 1 tokens per side (clamped to the grid). similarity:
+    "cosine" (paper), "centered_cosine" or "neg_sq_dist". temperature >= 0:
+    softmax(sim / temperature) over destinations; the paper's tau = 1000 is temperature 1e-3,
+    0 is a hard assignment. budget: "tile" keeps the same share of every tile (paper);
+    "adaptive" shares the same D over the tiles of each sample by facility-location gain.
     A plan that would keep every token is the exact no-op `MergePlan`.
     """
     check_plan_args(height, width, ratio, tile_size, temperature)
     check_similarity(similarity)
+    if budget not in BUDGETS:
+        raise ValueError(f"budget={budget!r} is not supported; use one of {', '.join(BUDGETS)}")
     if features.dim() != 3 or features.shape[1] != height * width:
         raise ValueError(
             f"features shape {tuple(features.shape)} does not match the grid: expected (B, {height}*{width}"
@@ -189,11 +236,17 @@ def make_plan(
         return MergePlan(features.shape[0], height * width, features.device)
     tiles = grid.fold(prepare_features(features, similarity))
     sim = pairwise(tiles, similarity)
-    pad = grid.pad_mask.to(features.device).expand(sim.shape[:-1])
-    dst = facility_location(sim, grid.k, pad)
+    pad = grid.pad_mask(features.device).expand(sim.shape[:-1])
+    if budget == "adaptive":
+        dst, gains = greedy_with_gains(sim, grid.max_real, pad)
+        slot_valid, maps = adaptive_slots(gains, grid.num_kept)
+    else:
+        dst = facility_location(sim, grid.k, pad)
+        slot_valid = grid.slot_valid(features.device).unsqueeze(0)
+        static = grid.slot_maps(features.device)
+        maps = None if static is None else (static[0].unsqueeze(0), static[1].unsqueeze(0))
     dst_sim = sim.gather(-2, dst.unsqueeze(-1).expand(*dst.shape, sim.shape[-1]))
-    slot_valid = grid.slot_valid.to(features.device)
     assign = assignment(dst_sim, slot_valid, temperature)
     if temperature == 0:
         assign = own_destinations(assign, dst, slot_valid)
-    return TiledMergePlan(grid, dst, assign.masked_fill(pad.unsqueeze(-2), 0.0))
+    return TiledMergePlan(grid, dst, assign.masked_fill(pad.unsqueeze(-2), 0.0), maps)

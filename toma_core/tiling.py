@@ -4,13 +4,16 @@ each tile keeps (ToMA §3.2, "locality").
 Tiles are a reshape + permute of the (zero-padded) grid, never a gather. A grid that the tile
 does not divide is padded; padded positions are masked, and every tile keeps a number of
 destinations proportional to its real tokens, so edge tiles and 1 x N grids merge like the rest.
+
+Everything here is plain Python arithmetic on ints, and the index tensors are made from Python
+lists: no tensor -> Python conversion and no lock, so plan building traces under torch.compile
+without graph breaks (issue 7 point 5).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import torch
 from einops import rearrange
@@ -59,24 +62,22 @@ class TileGrid:
     def padded(self) -> bool:
         return self.gh * self.th != self.height or self.gw * self.tw != self.width
 
-    @cached_property
-    def raster_index(self) -> torch.Tensor:
-        """(G, n) raster index of every tile position; padded positions hold -1."""
-        rows = torch.arange(self.gh * self.th).view(-1, 1)
-        cols = torch.arange(self.gw * self.tw).view(1, -1)
-        index = torch.where((rows < self.height) & (cols < self.width), rows * self.width + cols, -1)
-        return rearrange(index, "(gh th) (gw tw) -> (gh gw) (th tw)", th=self.th, tw=self.tw)
+    @property
+    def real_counts(self) -> list[int]:
+        """Real (unpadded) tokens of each tile, in tile order."""
+        rows = [min(self.th, self.height - i * self.th) for i in range(self.gh)]
+        cols = [min(self.tw, self.width - j * self.tw) for j in range(self.gw)]
+        return [r * c for r in rows for c in cols]
 
-    @cached_property
-    def pad_mask(self) -> torch.Tensor:
-        """(G, n) bool, True at padded positions."""
-        return self.raster_index < 0
+    @property
+    def max_real(self) -> int:
+        """The most real tokens in any tile (n unless the grid is smaller than one tile)."""
+        return max(self.real_counts)
 
-    @cached_property
+    @property
     def keep_counts(self) -> list[int]:
         """Destinations kept by each tile, proportional to its real tokens."""
-        real = (~self.pad_mask).sum(-1).tolist()
-        return [kept_per_tile(r, self.ratio) for r in real]
+        return [kept_per_tile(r, self.ratio) for r in self.real_counts]
 
     @property
     def k(self) -> int:
@@ -90,24 +91,42 @@ class TileGrid:
     def keeps_all(self) -> bool:
         return self.num_kept == self.height * self.width
 
-    @cached_property
-    def slot_valid(self) -> torch.Tensor:
+    @property
+    def uniform(self) -> bool:
+        """True when every tile keeps k destinations (no unused slots)."""
+        return all(c == self.k for c in self.keep_counts)
+
+    def raster_index(self, device: torch.device | None = None) -> torch.Tensor:
+        """(G, n) raster index of every tile position; padded positions hold -1."""
+        rows = torch.arange(self.gh * self.th, device=device).view(-1, 1)
+        cols = torch.arange(self.gw * self.tw, device=device).view(1, -1)
+        index = torch.where((rows < self.height) & (cols < self.width), rows * self.width + cols, -1)
+        return rearrange(index, "(gh th) (gw tw) -> (gh gw) (th tw)", th=self.th, tw=self.tw)
+
+    def pad_mask(self, device: torch.device | None = None) -> torch.Tensor:
+        """(G, n) bool, True at padded positions."""
+        return self.raster_index(device) < 0
+
+    def slot_valid(self, device: torch.device | None = None) -> torch.Tensor:
         """(G, k) bool, True for the destination slots a tile really uses."""
-        return torch.arange(self.k).view(1, -1) < torch.tensor(self.keep_counts).view(-1, 1)
+        counts = torch.tensor(self.keep_counts, device=device).view(-1, 1)
+        return torch.arange(self.k, device=device).view(1, -1) < counts
 
-    @cached_property
-    def kept_slots(self) -> torch.Tensor | None:
-        """(D,) flat (G*k) slot indices that are real, or None when every slot is."""
-        flat = self.slot_valid.flatten()
-        return None if bool(flat.all()) else flat.nonzero().squeeze(-1)
+    def slot_maps(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Static index maps of the used slots, or None when every slot is used.
 
-    @cached_property
-    def slot_source(self) -> torch.Tensor | None:
-        """(G*k,) index into the D kept tokens for every slot (dead slots read token 0, weight 0)."""
-        flat = self.slot_valid.flatten()
-        if bool(flat.all()):
+        kept (D,): the flat (G*k) slot of each kept token. source (G*k,): the kept token each
+        slot reads on unmerge (unused slots read token 0, with weight 0).
+        """
+        if self.uniform:
             return None
-        return torch.where(flat, flat.long().cumsum(0) - 1, 0)
+        kept, source = [], []
+        for g, count in enumerate(self.keep_counts):
+            for j in range(self.k):
+                source.append(len(kept) if j < count else 0)
+                if j < count:
+                    kept.append(g * self.k + j)
+        return torch.tensor(kept, device=device), torch.tensor(source, device=device)
 
     def fold(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) raster tokens -> (B, G, n, C) tiles (padding is zeros)."""
