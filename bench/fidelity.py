@@ -68,8 +68,8 @@ TILE_SIZES = (2, 4, 8)
 TEMPERATURES = (1e-3, 1e-2, 0.0)
 METRICS = ("roundtrip", "attn", "attn_prop", "attn_q")
 COMPARE = (  # the nodes' default at the time of writing, and the setting bench/fidelity.py favours
-    "toma (similarity=cosine, tile=4, temperature=0.001)",
-    "toma (similarity=neg_sq_dist, tile=4, temperature=0.001)",
+    "toma (similarity=cosine, tile=4, temperature=0.001, budget=tile)",
+    "toma (similarity=neg_sq_dist, tile=4, temperature=0.001, budget=tile)",
 )
 
 

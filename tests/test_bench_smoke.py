@@ -52,7 +52,8 @@ def _run(script: str, *args: str, timeout: int = 120) -> subprocess.CompletedPro
 @needs_skimage
 def test_fidelity_cli_tiny(tmp_path):
     result = _run("fidelity.py", "--out", str(tmp_path), "--images", "astronaut", "--grid", "8", "--tiles", "2",
-                  "--similarities", "cosine", "--temperatures", "0.001", "--tome-seeds", "1", "--compare", "")
+                  "--similarities", "cosine", "--temperatures", "0.001", "--budgets", "tile", "--tome-seeds", "1",
+                  "--compare", "")
     assert result.returncode == 0, result.stderr
     records = json.loads((tmp_path / "fidelity.json").read_text())["records"]
     assert {r["method"] for r in records} == {"toma", "tome", "pool2x2", "pool1x2"}
