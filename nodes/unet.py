@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from ..toma_core import MergePlan
 from .runtime import CallContext, CallGeometry, find_call, note_orphan
-from .settings import ToMASettings
+from .settings import TOMA_KEY, ToMASettings
 from .unet_blocks import BlockId, UNetBlockSpec, parse_unet_blocks
 
 log = logging.getLogger(__name__)
@@ -276,8 +276,16 @@ def features(x: torch.Tensor) -> torch.Tensor:
 _ATTN_PATCHES = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch")
 
 
+REPLACE_KEY = f"{TOMA_KEY}_attn_replace"
+"""transformer_options key (and wrapper key): the call's attn1/attn2 replace dicts, for the
+attention patches, whose extra_options lack "patches_replace"."""
+
+
 def install_attention_patches(model, selected: frozenset[BlockId]) -> None:
     """Add ToMA's four attention patches; they act only in the `selected` UNet blocks."""
+    import comfy.patcher_extension
+
+    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, REPLACE_KEY, expose_attention_replace)
     model.set_model_attn1_patch(_mark(make_attn_in(selected, self_attention=True)))
     model.set_model_attn1_output_patch(_mark(make_attn_out(count=True)))
     model.set_model_attn2_patch(_mark(make_attn_in(selected, self_attention=False)))
@@ -289,8 +297,31 @@ def _mark(fn: Callable) -> Callable:
     return fn
 
 
+def expose_attention_replace(executor, *args, **kwargs):
+    """APPLY_MODEL wrapper: copy the call's attn1/attn2 replace dicts to transformer_options[REPLACE_KEY]
+    (eagerly, outside the diffusion model), so the attention patches can leave those blocks alone.
+
+    args: (x, t, c_concat, c_crossattn, control, transformer_options, **extra conds).
+    """
+    args = list(args)
+    in_kwargs = "transformer_options" in kwargs
+    options = kwargs["transformer_options"] if in_kwargs else (args[5] if len(args) > 5 else None)
+    if isinstance(options, dict):
+        replace = options.get("patches_replace", {})
+        options = dict(options)
+        options[REPLACE_KEY] = {name: replace[name] for name in ("attn1", "attn2") if replace.get(name)}
+        if in_kwargs:
+            kwargs["transformer_options"] = options
+        else:
+            args[5] = options
+    return executor(*args, **kwargs)
+
+
 def _remove_own_attention_patches(model) -> None:
-    """Drop earlier ToMA attention patches from the clone's patch lists (copied, never shared)."""
+    """Drop earlier ToMA attention patches (and their wrapper) from the clone (lists copied, never shared)."""
+    import comfy.patcher_extension
+
+    model.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, REPLACE_KEY)
     options = model.model_options.get("transformer_options", {})
     patches = options.get("patches")
     if not patches:
@@ -315,8 +346,7 @@ def _attention_plan(selected: frozenset[BlockId], n: torch.Tensor, extra: dict) 
         return None
     if int(shape[-2]) * int(shape[-1]) < ctx.settings.min_tokens:
         return None
-    replace_keys = getattr(ctx, "attn_replace", None)
-    if replace_keys and has_attention_replace({"attn1": replace_keys}, block, extra.get("block_index", 0)):
+    if has_attention_replace(extra.get(REPLACE_KEY), block, extra.get("block_index", 0)):
         return None
     return ctx.plan(PLAN_SLOT, int(shape[-2]), int(shape[-1]), lambda: features(n))
 
