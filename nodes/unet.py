@@ -333,22 +333,39 @@ def _remove_own_attention_patches(model) -> None:
     options["patches"] = patches
 
 
-def _attention_plan(selected: frozenset[BlockId], n: torch.Tensor, extra: dict) -> MergePlan | None:
-    """The level plan for an attention patch in a selected, mergeable block; None to leave it."""
+def _attention_plan(selected: frozenset[BlockId], n: torch.Tensor, extra: dict, count: bool) -> MergePlan | None:
+    """The level plan for an attention patch in a selected, mergeable block; None to leave it.
+
+    count: record a block left unmerged for a reason (once per block: on the attn1 side).
+    """
     block = extra.get("block")
     if block is None or (block[0], int(block[1])) not in selected:
         return None
     ctx = find_call({"transformer_options": extra})
     if ctx is None or not ctx.merge:
         return None
+    why = _attention_veto(ctx, n, extra)
+    if why is not None:
+        if count:
+            ctx.record_block(False, why)
+        return None
+    h, w = int(extra["activations_shape"][-2]), int(extra["activations_shape"][-1])
+    return ctx.plan(PLAN_SLOT, h, w, lambda: features(n))
+
+
+def _attention_veto(ctx: CallContext, n: torch.Tensor, extra: dict) -> str | None:
+    """block_veto for the attention patches: n (B, N, C) is the normed block input."""
     shape = extra.get("activations_shape")
-    if shape is None or n.ndim != 3 or n.shape[0] != ctx.batch or n.shape[1] != int(shape[-2]) * int(shape[-1]):
-        return None
-    if int(shape[-2]) * int(shape[-1]) < ctx.settings.min_tokens:
-        return None
-    if has_attention_replace(extra.get(REPLACE_KEY), block, extra.get("block_index", 0)):
-        return None
-    return ctx.plan(PLAN_SLOT, int(shape[-2]), int(shape[-1]), lambda: features(n))
+    if shape is None or len(shape) != 4:
+        return "no activations_shape"
+    h, w = int(shape[-2]), int(shape[-1])
+    if n.ndim != 3 or n.shape[0] != ctx.batch or n.shape[1] != h * w:
+        return "tokens differ from activations_shape"
+    if h * w < ctx.settings.min_tokens:
+        return f"level below min_tokens={ctx.settings.min_tokens}"
+    if has_attention_replace(extra.get(REPLACE_KEY), extra.get("block"), extra.get("block_index", 0)):
+        return "attn1/attn2 replace patch present"
+    return None
 
 
 PLAN_EXTRA_KEY = "comfyui_toma_plan"
@@ -364,7 +381,7 @@ def make_attn_in(selected: frozenset[BlockId], self_attention: bool) -> Callable
     """
 
     def toma_attn_in(n: torch.Tensor, context: Any, value: Any, extra: dict):
-        plan = _attention_plan(selected, n, extra)
+        plan = _attention_plan(selected, n, extra, count=self_attention)
         extra[PLAN_EXTRA_KEY] = plan
         if plan is None:
             return n, context, value

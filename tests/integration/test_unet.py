@@ -358,7 +358,7 @@ def test_builtin_sag_and_pag_run(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
 
 
 @pytest.mark.parametrize("ratio", [0.3, 0.5])
-def test_sag_with_attention_scope(tiny_sdxl: Any, tiny: Any, toma: Any, ratio: float) -> None:
+def test_sag_with_attention_scope(tiny_sdxl: Any, tiny: Any, toma: Any, ratio: float, caplog: pytest.LogCaptureFixture) -> None:
     """SAG factors the middle block's attention map into a grid: its block must stay unmerged in
     scope "attention" too, in either node order (measured: it crashes on merged maps of 8 or 45 tokens)."""
     from comfy_extras.nodes_sag import SelfAttentionGuidance
@@ -370,6 +370,10 @@ def test_sag_with_attention_scope(tiny_sdxl: Any, tiny: Any, toma: Any, ratio: f
         merged, calls = record_attention(model)
         assert torch.isfinite(tiny.sample(merged, LATENT, steps=2)).all()
         assert min(self_attention(calls)) < 16  # the other 4x4 blocks still merge
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    tiny.sample(sag(patch(toma, tiny_sdxl, ratio=ratio, scope="attention")), LATENT, steps=1)
+    # SAG's middle depth-0 block, once in the CFG call and once in SAG's own guidance call
+    assert "2 block runs attn1/attn2 replace patch present" in run_lines(caplog)[-1]
 
 
 def test_cond_and_uncond_in_separate_calls(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
