@@ -42,6 +42,9 @@ import bench_flux  # noqa: E402  (puts tests/ and tests/integration/ on sys.path
 import bench_sdxl  # noqa: E402
 
 RATIOS = (0.25, 0.5, 0.75)
+PERTURB = 0.01
+PERTURB_NAME = f"input +{PERTURB:.0%} noise"
+"""Reference row: the unpatched model with its input latent moved by 1% (relative norm)."""
 FAMILIES = ("flux", "sdxl")
 
 
@@ -54,8 +57,8 @@ class Row:
     kind: str  # "unpatched", "toma", "toma-attn", "tome", "ideal"
     ratio: float
     tokens: str
-    ms: float
-    speedup: float
+    ms: float | None  # None: not timed (the perturbation reference)
+    speedup: float | None
     rel_error: float | None
 
 
@@ -79,14 +82,29 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm()) / norm
 
 
+def perturbed(base, scale: float, seed: int = 1):
+    """A clone of `base` whose diffusion model sees its input plus fixed-seed Gaussian noise of
+    relative norm `scale` (a DIFFUSION_MODEL wrapper): how far the unpatched model's output moves for
+    a small change of its input, the yardstick for the merge errors."""
+    import comfy.patcher_extension
+
+    def wrapper(executor, x, *args, **kwargs):
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x)
+        return executor(x + noise * (scale * x.float().norm() / noise.float().norm()).to(x.dtype), *args, **kwargs)
+
+    patcher = base.clone()
+    patcher.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "toma_bench_perturb", wrapper)
+    return patcher
+
+
 def _kind(name: str) -> str:
     """Row kind from a configuration name such as "ToMA 0.5" or "ToMA-attn 0.5"."""
     head = name.split()[0].lower()
-    return {"toma": "toma", "toma-attn": "toma-attn", "tome": "tome", "ideal": "ideal"}.get(head, "unpatched")
+    return {"toma": "toma", "toma-attn": "toma-attn", "tome": "tome", "ideal": "ideal", "input": "perturb"}.get(head, "unpatched")
 
 
 def _ratio(name: str) -> float:
-    return float(name.split()[-1]) if " " in name else 0.0
+    return float(name.split()[-1]) if name.split()[0] in ("ToMA", "ToMA-attn", "ToMe", "ideal") else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,6 +141,8 @@ def flux_family(args: argparse.Namespace) -> FamilyResult:
     errors = {name: relative_error(call(), ref) for name, call in calls.items() if _kind(name) == "toma"}
     ms = bench_flux.median_ms(calls, args)
     repeat = relative_error(calls["unpatched"](), ref)
+    errors[PERTURB_NAME] = relative_error(bench_flux.make_call(perturbed(base, PERTURB), args, full)(), ref)
+    tokens[PERTURB_NAME] = f"{n}"
     rows = _rows("flux", ms, tokens, errors)
     setup = (f"comfy.model_base.Flux, hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "
              f"{args.grid}x{args.grid} image tokens + {args.text} text, batch {args.batch}, {args.dtype}, "
@@ -165,6 +185,9 @@ def sdxl_family(args: argparse.Namespace) -> FamilyResult:
         for name, patcher in configs.items():
             times[name] += bench_sdxl.time_calls(patcher, calls[name], args)
     repeat = relative_error(output("unpatched"), ref)
+    configs[PERTURB_NAME] = perturbed(base, PERTURB)
+    calls[PERTURB_NAME] = bench_sdxl.make_call(configs[PERTURB_NAME], args)
+    errors[PERTURB_NAME] = relative_error(output(PERTURB_NAME), ref)
     ms = {name: statistics.median(values) for name, values in times.items()}
     tokens = {name: _sdxl_tokens(args, _ratio(name) if name.startswith("ToMA") else 0.0) for name in configs}
     config = bench_sdxl.unet_config(args)
@@ -186,6 +209,8 @@ def _rows(family: str, ms: dict[str, float], tokens: dict[str, str], errors: dic
     for name, value in ms.items():
         error = 0.0 if name == "unpatched" else errors.get(name)
         rows.append(Row(family, name, _kind(name), _ratio(name), tokens[name], value, plain / value, error))
+    if PERTURB_NAME in errors:  # not timed
+        rows.append(Row(family, PERTURB_NAME, "perturb", 0.0, tokens[PERTURB_NAME], None, None, errors[PERTURB_NAME]))
     return rows
 
 
@@ -202,7 +227,9 @@ def markdown_table(result: FamilyResult) -> list[str]:
     token_head = "tokens (1/2, 1/4 level)" if result.family == "sdxl" else "image tokens"
     lines = [f"| config | {token_head} | ms/call | speed-up | rel. error |", "|---|---:|---:|---:|---:|"]
     for row in result.rows:
-        lines.append(f"| {row.config} | {row.tokens} | {row.ms:.1f} | {row.speedup:.2f}x | {_fmt_error(row.rel_error)} |")
+        ms = "–" if row.ms is None else f"{row.ms:.1f}"
+        speedup = "–" if row.speedup is None else f"{row.speedup:.2f}x"
+        lines.append(f"| {row.config} | {row.tokens} | {ms} | {speedup} | {_fmt_error(row.rel_error)} |")
     return lines
 
 
@@ -230,6 +257,9 @@ def plot_family(result: FamilyResult, path: Path) -> Path | None:
         ax.plot([r.rel_error for r in toma], [ideal[r.ratio] for r in toma], "x", color="0.4",
                 label="ideal (unpatched on D tokens), at ToMA's error")
     ax.axhline(1.0, color="0.7", lw=0.8, ls="--")
+    for r in result.rows:
+        if r.kind == "perturb" and r.rel_error is not None:
+            ax.axvline(r.rel_error, color="C1", lw=1, ls=":", label=f"unpatched, {r.config} (error only)")
     ax.set_xlabel("relative error of the denoiser output vs unpatched")
     ax.set_ylabel("speed-up vs unpatched (x)")
     ax.set_title(f"{result.family.upper()}-shaped model: speed-up vs error (labels: ratio)", fontsize=9)

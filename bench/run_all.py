@@ -14,7 +14,7 @@ Sections (each timed in this run, speed-ups always against the unpatched model o
 
 Sizes. Default (CPU): the benches' CPU shapes (Flux hidden 768 with 2+4 blocks on 32x32 tokens,
 SDXL topology at model_channels 64 on a 56x56 latent, core block width 1024 on 4096 tokens, token
-fidelity for every similarity and tile 2/4/8 at the nodes' default temperature). --device cuda:
+fidelity for every similarity and tile 2/4/8 at the nodes' default temperature and 0). --device cuda:
 Flux.1 and SDXL sizes (random weights; bf16 for Flux and the core, fp16 for SDXL) and the full
 token-fidelity sweep. --smoke: tiny everything (for the test suite, numbers meaningless).
 The flux and sdxl sections need ComfyUI (COMFYUI_PATH or a sibling checkout); without it they are
@@ -48,6 +48,18 @@ if str(BENCH) not in sys.path:
 import model_fidelity  # noqa: E402  (also puts tests/ and tests/integration/ on sys.path)
 
 SECTIONS = ("core", "flux", "sdxl", "tokens")
+ROW_NOTES = {
+    "flux": "ToMA r: every block merged at ratio r, a plan built in every call; ideal r: the unpatched "
+            "model on a grid of D tokens (what a merge with zero overhead would give; no error of its own). "
+            + "{perturb}",
+    "sdxl": "ToMA r: whole transformer blocks merged (blocks auto), a plan built in every call; ToMA-attn: "
+            "scope \"attention\" (only self-attention merged); ToMe r: ComfyUI's built-in TomePatchModel, "
+            "which merges only where attention runs at full latent resolution, i.e. nowhere in SDXL: it runs "
+            "the unpatched computation, so its spread around 1.00x shows this run's timing noise. {perturb}",
+}
+PERTURB_NOTE = ("\"input +1% noise\" (not timed): the unpatched model with fixed-seed noise of 1% of the "
+                "latent's norm added to its input, a yardstick for how strongly this random-weight model "
+                "amplifies small changes.")
 RATIOS = (0.25, 0.5, 0.75)
 
 
@@ -72,7 +84,7 @@ def preset_for(args: argparse.Namespace) -> Preset:
                       ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"])
     if args.device != "cpu":
         return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5, [])
-    return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 5, 1, 2, 2,
+    return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 9, 1, 4, 2,
                   ["--tiles", "2,4,8"])
 
 
@@ -138,7 +150,8 @@ def run_script(script: str, argv: list[str], threads: int) -> tuple[str, str]:
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"{script} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")
-    return _display(["python", f"bench/{script}", *argv]), result.stdout
+    prefix = [f"OMP_NUM_THREADS={threads}"] if threads else []
+    return _display([*prefix, "python", f"bench/{script}", *argv]), result.stdout
 
 
 def _display(cmd: list[str]) -> str:
@@ -164,15 +177,18 @@ def node_defaults() -> dict:
     from pack import pack_module
 
     s = pack_module("nodes.settings").ToMASettings()
-    return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature}
+    return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature,
+            "budget": getattr(s, "budget", "tile")}
 
 
 def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
     """bench/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
     default = node_defaults()
     argv = ["--out", str(out / "fidelity"), *preset.tokens]
-    if preset.name != "cuda":
-        argv += ["--temperatures", f"{default['temperature']:g}"]
+    if preset.name == "cpu":
+        argv += ["--temperatures", f"{default['temperature']:g},0"]
+    elif preset.name == "smoke":
+        argv += ["--temperatures", f"{default['temperature']:g}", "--budgets", default["budget"]]
     if preset.name == "smoke":
         argv += ["--similarities", default["similarity"], "--compare", ""]
     command, _ = run_script("fidelity.py", argv, args.threads)
@@ -221,24 +237,31 @@ def import_comfy(args: argparse.Namespace) -> str:
 def find_record(records: list[dict], method: str, ratio: float, **settings) -> dict | None:
     """The fidelity record of a method (and ToMA settings) at a ratio."""
     for r in records:
-        if r["method"] == method and abs(r["ratio"] - ratio) < 1e-9 and all(r.get(k) == v for k, v in settings.items()):
+        if r["method"] == method and abs(r["ratio"] - ratio) < 1e-9 and _matches(r, settings):
             return r
     return None
 
 
+def _matches(record: dict, settings: dict) -> bool:
+    """True when the record has these settings (records without a budget used the tile budget)."""
+    return all(record.get(k, "tile" if k == "budget" else None) == v for k, v in settings.items())
+
+
 def best_toma(records: list[dict], metric: str, ratios: list[float]) -> dict | None:
     """Settings of the ToMA record set with the lowest mean `metric` over the ratios."""
-    keys = {(r["similarity"], r["tile"], r["temperature"]) for r in records if r["method"] == "toma"}
+    keys = {(r["similarity"], r["tile"], r["temperature"], r.get("budget", "tile")) for r in records if r["method"] == "toma"}
     scored = []
-    for sim, tile, temp in keys:
-        values = [find_record(records, "toma", q, similarity=sim, tile=tile, temperature=temp) for q in ratios]
+    for sim, tile, temp, budget in sorted(keys):
+        settings = {"similarity": sim, "tile": tile, "temperature": temp, "budget": budget}
+        values = [find_record(records, "toma", q, **settings) for q in ratios]
         if all(values):
-            scored.append((sum(v[metric] for v in values) / len(values), {"similarity": sim, "tile": tile, "temperature": temp}))
+            scored.append((sum(v[metric] for v in values) / len(values), settings))
     return min(scored, key=lambda s: s[0])[1] if scored else None
 
 
 def _setting_text(settings: dict) -> str:
-    return f"ToMA {settings['similarity']}, tile {settings['tile']}, T={settings['temperature']:g}"
+    budget = "" if settings.get("budget", "tile") == "tile" else f", {settings['budget']} budget"
+    return f"ToMA {settings['similarity']}, tile {settings['tile']}, T={settings['temperature']:g}{budget}"
 
 
 def token_rows(section: dict) -> list[tuple[str, str, dict]]:
@@ -279,8 +302,7 @@ def plot_tokens(section: dict, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=110)
     for label, method, settings in token_rows(section):
-        points = [(r["ratio"], r["attn"]) for r in section["records"]
-                  if r["method"] == method and all(r.get(k) == v for k, v in settings.items())]
+        points = [(r["ratio"], r["attn"]) for r in section["records"] if r["method"] == method and _matches(r, settings)]
         points.sort()
         if points:
             style = "o-" if len(points) > 1 else "D"
@@ -296,13 +318,15 @@ def plot_tokens(section: dict, path: Path) -> Path | None:
     return path
 
 
-def render_markdown(results: dict, image_dir: str = ".", heading: str = "#") -> str:
-    """Every table of a run as markdown; images linked under image_dir; headings one level below `heading`."""
-    h2, h3 = heading + "#", heading + "##"
-    m = results["machine"]
-    out = [f"{heading} ToMA benchmark results ({results['preset']})", "",
-           f"Command: `{results['command']}` ({results['seconds']:.0f} s)  ",
-           f"Machine: {machine_line(m)}.", ""]
+def render_markdown(results: dict, image_dir: str = ".", heading: str = "#", header: bool = True) -> str:
+    """Every table of a run as markdown; images linked under image_dir; section headings one level
+    below `heading`; header=False leaves out the title, command and machine lines."""
+    h2 = heading + "#"
+    out = []
+    if header:
+        out = [f"{heading} ToMA benchmark results ({results['preset']})", "",
+               f"Command: `{results['command']}` ({results['seconds']:.0f} s)  ",
+               f"Machine: {machine_line(results['machine'])}.", ""]
     sections = results["sections"]
     for family, title in (("flux", "Flux-shaped model"), ("sdxl", "SDXL-shaped model")):
         s = sections.get(family)
@@ -313,8 +337,8 @@ def render_markdown(results: dict, image_dir: str = ".", heading: str = "#") -> 
             out += [f"Skipped: {s['skipped']}", ""]
             continue
         out += [s["setup"] + ". Relative error = ||out - out_unpatched|| / ||out_unpatched|| of one model call "
-                f"(fixed seed; the unpatched model repeated gives {s['reference_repeat_error']:.1e}).", "",
-                *s["table"], ""]
+                f"(fixed seed; the unpatched model repeated gives {s['reference_repeat_error']:.1e}). "
+                + ROW_NOTES[family].format(perturb=PERTURB_NOTE), "", *s["table"], ""]
         if s.get("plot_written"):
             out += [f"![{title}: speed-up vs error]({image_dir}/{s['plot']})", ""]
     s = sections.get("core")
@@ -347,8 +371,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests (numbers meaningless)")
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads, also for the sub-benchmarks (0 = torch default)")
-    return p.parse_args(argv)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, also for the sub-benchmarks (0 = torch default; default: 1 on CPU, "
+                        "because on a machine whose cores other processes share, every multi-threaded op waits "
+                        "for its slowest thread and timings become erratic)")
+    args = p.parse_args(argv)
+    if args.threads is None:
+        args.threads = 1 if args.device == "cpu" else 0
+    return args
 
 
 def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:

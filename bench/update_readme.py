@@ -1,0 +1,101 @@
+"""Write the README's "## Results" section from a bench/run_all.py output folder.
+
+    python bench/update_readme.py                       # reads bench/out/results.json, edits README.md
+
+Copies the run's plots to assets/results/ and replaces the text between "## Results" and the next
+"## " heading (the section is created before "## License" if missing). Every number in the section
+comes from results.json; the rest of the README is left untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import run_all  # noqa: E402
+
+HEADING = "## Results"
+
+INTRO = """\
+Every number below was printed by `bench/run_all.py` in one run, on the machine named under it, and
+this section was written from that run's `results.json` by `bench/update_readme.py`. Models are
+ComfyUI's own Flux and SDXL classes at reduced width/depth on CPU (keeping the real models'
+tokens-to-width balance at 1024x1024; see bench/bench_flux.py and bench/bench_sdxl.py), with **random weights**: the
+speed-ups are what the merge buys on those shapes; the relative errors compare ratios and methods on
+a pure-noise latent (the first sampling step), where neighbouring tokens are less alike than in a
+trained model on a real image, so they are not a measure of image quality. Token-level fidelity on
+natural images is the last table."""
+
+NOISE = """\
+**Timings are noisy**: the CPU run shared {cores} cores with other processes (load average at start
+and end below). Every configuration was timed in the same process, in turns, against the unpatched
+model of the same run, so load changes hit all of them alike, but single speed-ups can still move
+between runs. The relative errors are deterministic (fixed seeds)."""
+
+
+def section_text(results: dict, image_dir: str) -> str:
+    """The Results section: intro, commands, machine, then run_all's tables and plots."""
+    machine = results["machine"]
+    lines = [HEADING, "", INTRO, ""]
+    if machine["device"] == "cpu":
+        lines += [NOISE.format(cores=machine["logical_cores"]), ""]
+    lines += ["Commands (from the repository root; the first one took "
+              f"{results['seconds']:.0f} s here):", "", "```bash",
+              f"COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/{results['command']}",
+              "python bench/update_readme.py          # this section, from bench/out/results.json",
+              "```", "",
+              f"Machine: {run_all.machine_line(machine)}.", ""]
+    if machine["device"] == "cpu":
+        lines += ["`python bench/run_all.py --device cuda` runs Flux.1 / SDXL sizes (bf16 / fp16) on a GPU; "
+                  "it has not been run for this section, so no GPU numbers are quoted.", ""]
+    body = run_all.render_markdown(results, image_dir=image_dir, heading="##", header=False)
+    return "\n".join(lines) + "\n" + body.rstrip() + "\n"
+
+
+def replace_section(readme: str, section: str) -> str:
+    """README text with its Results section replaced (or inserted before "## License")."""
+    match = re.search(r"^## Results[ \t]*\n.*?(?=^## |\Z)", readme, flags=re.S | re.M)
+    if match:
+        return readme[: match.start()] + section + "\n" + readme[match.end():]
+    license_at = re.search(r"^## License", readme, flags=re.M)
+    at = license_at.start() if license_at else len(readme)
+    return readme[:at] + section + "\n" + readme[at:]
+
+
+def copy_plots(results: dict, src: Path, dst: Path) -> list[Path]:
+    """Copy the plots the run wrote to dst; returns the copied paths."""
+    dst.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for section in results["sections"].values():
+        if section.get("plot_written"):
+            target = dst / section["plot"]
+            shutil.copyfile(src / section["plot"], target)
+            copied.append(target)
+    return copied
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=str(ROOT / "bench" / "out"), help="run_all.py output folder")
+    p.add_argument("--readme", default=str(ROOT / "README.md"))
+    p.add_argument("--assets", default="assets/results", help="plot folder, relative to the README")
+    args = p.parse_args(argv)
+    src, readme = Path(args.results), Path(args.readme)
+    results = json.loads((src / "results.json").read_text())
+    copied = copy_plots(results, src, readme.parent / args.assets)
+    readme.write_text(replace_section(readme.read_text(), section_text(results, args.assets)))
+    print(f"updated {readme} ({HEADING}); plots: {', '.join(str(c) for c in copied) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
