@@ -108,12 +108,22 @@ def machine_info(device: str) -> dict:
     info = {
         "cpu": cpu_model(), "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-        "device": device, "load_average_start": _loadavg(),
+        "device": device, "load_average_start": _loadavg(), "commit": git_commit(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
     return info
+
+
+def git_commit() -> str | None:
+    """Short commit of the checkout the suite runs from, "+dirty" with uncommitted tracked edits."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=ROOT).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def _loadavg() -> list[float] | None:
@@ -131,6 +141,8 @@ def machine_line(info: dict) -> str:
         parts.append(f"GPU {info['gpu']} (CUDA {info.get('cuda')})")
     if info.get("comfyui"):
         parts.append(f"ComfyUI {info['comfyui']}")
+    if info.get("commit"):
+        parts.append(f"ComfyUI-ToMA commit {info['commit']}")
     load = info.get("load_average_start"), info.get("load_average_end")
     if all(load):
         parts.append(f"load average {load[0][0]:.1f} at start, {load[1][0]:.1f} at end")
