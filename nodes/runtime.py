@@ -16,6 +16,14 @@ Lifetimes:
 Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
 grid (`ctx.plan(...)`, built once per key and reused) and report what they did
 (`ctx.record_block(...)`). At the end of the run one `logging.info` line summarises it.
+
+Plan reuse across calls (recompute_every > 1, Heun's second evaluation, cond/uncond as separate
+calls) is decided eagerly too: the wrapper hands each call a fresh `ctx.plans` dict, pre-filled
+with the run's cached plans of the same batch composition and selection epoch, or empty when this
+call must build them; after the call (in its `finally`) it moves newly built plans into the run's
+cache (`RunState.keep_plans`). Inside the model the blocks read only `ctx.merge`, the geometry ints,
+the settings and `ctx.plans`, whose guarded state under torch.compile is the same in every call of
+a kind (empty, or the same keys): no recompile per step or per run (issue 7 point 5).
 """
 
 from __future__ import annotations
@@ -144,21 +152,29 @@ class RunState:
         sigma = float(sigmas.flatten()[0]) if torch.is_tensor(sigmas) else float(sigmas)
         return self.config.settings.schedule.decide(sigma, self._sigma_list, self.window)
 
-    def plan(self, key: tuple, epoch: int, build: Callable[[], MergePlan]) -> MergePlan:
-        """The cached plan for `key` in selection epoch `epoch`, built on first use.
+    def plans_for(self, batch: int, composition: tuple, epoch: int) -> dict[tuple, MergePlan]:
+        """The run's cached plans of one batch composition and selection epoch, by (slot, h, w)."""
+        tail = (batch, composition, epoch)
+        return {key[:3]: plan for key, plan in self.plans.items() if key[3:] == tail}
 
-        Entries of older epochs are dropped when a newer epoch builds its first plan.
-        """
-        full_key = (*key, epoch)
-        plan = self.plans.get(full_key)
-        if plan is None:
-            stale = [k for k in self.plans if k[-1] < epoch]
-            for k in stale:
-                del self.plans[k]
-            plan = build()
-            self.plans[full_key] = plan
+    def keep_plans(self, ctx: CallContext) -> None:
+        """After a call (eagerly): move the plans its blocks built into the run's cache, keyed by
+        (slot, h, w, B, composition, epoch), and count them. Entries of older epochs are dropped
+        when a newer epoch brings its first plan."""
+        epoch = ctx.epoch or 0
+        built = [
+            ((slot, h, w, ctx.batch, ctx.composition, epoch), plan)
+            for (slot, h, w), plan in ctx.plans.items()
+            if (slot, h, w, ctx.batch, ctx.composition, epoch) not in self.plans
+        ]
+        if not built:
+            return
+        for stale in [k for k in self.plans if k[-1] < epoch]:
+            del self.plans[stale]
+        for key, plan in built:
+            self.plans[key] = plan
             self.stats.plans_built += 1
-        return plan
+            self.stats.tokens[(key[1], key[2])] = (key[1] * key[2], plan.num_kept)
 
     def report(self) -> str:
         """The one-line summary of the run."""
@@ -171,6 +187,10 @@ class CallContext:
 
     merge: whether blocks of this call run on merged tokens. reason: why not, when not.
     geometry: token layout. batch: B (model batch). composition: (cond_or_uncond, uuids).
+    plans: this call's plans by (slot, h, w), pre-filled with the run's plans when the call reuses
+    them (same epoch and batch composition), else empty; blocks build missing ones into it.
+    step, epoch and composition are for the wrapper and logs only: blocks never read them (under
+    torch.compile every attribute a block reads is guarded; these change every step).
     """
 
     state: RunState
@@ -181,6 +201,7 @@ class CallContext:
     geometry: CallGeometry
     batch: int
     composition: tuple
+    plans: dict[tuple, MergePlan] = field(default_factory=dict)
 
     @property
     def settings(self) -> ToMASettings:
@@ -189,22 +210,21 @@ class CallContext:
     def plan(self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor]) -> MergePlan:
         """The merge plan for an h x w grid at `slot` (e.g. "flux" or a UNet level).
 
-        Cached per (slot, h, w, B, cond_or_uncond, uuids, epoch): every merged block of a forward,
-        and every forward of the same selection epoch with the same batch composition, reuse
-        it. features() -> (B, h*w, C) is called only when a plan is built.
+        One per (slot, h, w) in this call: every merged block of a forward at that grid shares it.
+        Reuse across calls (same epoch and batch composition) comes pre-filled by the wrapper, and
+        plans built here are kept for later calls by the wrapper after the call. features() ->
+        (B, h*w, C) is called only when a plan is built.
         """
-        key = (slot, height, width, self.batch, self.composition)
-        settings = self.settings
-
-        def build() -> MergePlan:
+        key = (slot, height, width)
+        plan = self.plans.get(key)
+        if plan is None:
+            settings = self.settings
             plan = make_plan(
                 features(), height, width, settings.ratio, settings.tile_size,
                 similarity=settings.similarity, temperature=settings.temperature,
             )
-            self.state.stats.tokens[(height, width)] = (height * width, plan.num_kept)
-            return plan
-
-        return self.state.plan(key, self.epoch or 0, build)
+            self.plans[key] = plan
+        return plan
 
     def record_block(self, merged: bool, reason: str | None = None) -> None:
         """Count one block run (merged, or unmerged with a reason). No-op under torch.compile."""
@@ -297,6 +317,7 @@ def apply_model_wrapper(executor, *args, **kwargs):
         out = executor(*args, **kwargs)
     finally:
         _ACTIVE.pop()
+        state.keep_plans(ctx)
     if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
         _count_idle_call(state, ctx)
     return out
@@ -337,10 +358,12 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     decision = state.decide(options, t)
     reason = _call_veto(state, settings, decision, geometry)
     composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()))
+    batch, epoch = int(x.shape[0]), decision.epoch if decision else None
     ctx = CallContext(
         state=state, merge=reason is None, reason=reason,
-        step=decision.step if decision else -1, epoch=decision.epoch if decision else None,
-        geometry=geometry, batch=int(x.shape[0]), composition=composition,
+        step=decision.step if decision else -1, epoch=epoch,
+        geometry=geometry, batch=batch, composition=composition,
+        plans=state.plans_for(batch, composition, epoch or 0) if reason is None else {},
     )
     _count_call(state, ctx)
     return ctx

@@ -65,22 +65,51 @@ def test_not_running_and_min_tokens():
     assert "min_tokens=100" in call(small, 10.0).reason
 
 
+def plan_of(ctx, slot="s", hw=(8, 8), feats=None):
+    """What a call does with its plans: a block asks for one, the wrapper keeps it after the call."""
+    feats = feats or (lambda: torch.randn(ctx.batch, hw[0] * hw[1], 8))
+    plan = ctx.plan(slot, *hw, feats)
+    ctx.state.keep_plans(ctx)
+    return plan
+
+
 def test_plan_cache_keys_composition_and_epoch():
     state = make_state(schedule=core.MergeSchedule(0.0, 1.0, 2))
-    feats = lambda: torch.randn(2, 64, 8)  # noqa: E731
-    a = call(state, 10.0).plan("s", 8, 8, feats)
-    assert call(state, 10.0).plan("s", 8, 8, feats) is a  # Heun / second eval of the step
-    assert call(state, 7.5).plan("s", 8, 8, feats) is a  # recompute_every=2: same epoch
-    assert call(state, 10.0, batch=1, cond=(0,)).plan("s", 8, 8, lambda: torch.randn(1, 64, 8)) is not a
-    assert call(state, 5.0).plan("s", 8, 8, feats) is not a  # new epoch
+    a = plan_of(call(state, 10.0))
+    assert plan_of(call(state, 10.0)) is a  # Heun / second eval of the step
+    assert plan_of(call(state, 7.5)) is a  # recompute_every=2: same epoch
+    assert plan_of(call(state, 10.0, batch=1, cond=(0,))) is not a
+    assert plan_of(call(state, 5.0)) is not a  # new epoch
     assert state.stats.plans_built == 3
     assert all(key[-1] == 1 for key in state.plans)  # older epochs dropped
+
+
+def test_call_plans_are_fresh_and_prefilled_eagerly():
+    """Blocks see only ctx.plans: empty when the call builds, pre-filled when it reuses; a plan
+    built in a call reaches the run's cache only through keep_plans (the wrapper, after the call)."""
+    state = make_state(schedule=core.MergeSchedule(0.0, 1.0, 2))
+    first = call(state, 10.0)
+    assert first.plans == {}
+    a = first.plan("s", 8, 8, lambda: torch.randn(2, 64, 8))
+    assert first.plan("s", 8, 8, lambda: 1 / 0) is a  # later blocks of the call share it
+    b = first.plan("s", 4, 4, lambda: torch.randn(2, 16, 8))  # another level: its own plan
+    assert not state.plans and state.stats.plans_built == 0
+    state.keep_plans(first)
+    assert state.stats.plans_built == 2
+    again = call(state, 7.5)
+    assert again.plans == {("s", 8, 8): a, ("s", 4, 4): b} and again.plans is not first.plans
+    state.keep_plans(again)
+    assert state.stats.plans_built == 2
+    assert call(state, 5.0).plans == {}  # new epoch: build
+    assert call(state, 2.5, batch=1, cond=(0,)).plans == {}  # other composition
+    unmerged = make_state(schedule=core.MergeSchedule(0.0, 0.0, 1))
+    assert call(unmerged, 10.0).plans == {}
 
 
 def test_report_is_one_line_with_facts():
     state = make_state(ratio=0.5)
     ctx = call(state, 10.0)
-    ctx.plan("s", 8, 8, lambda: torch.randn(2, 64, 8))
+    plan_of(ctx)
     ctx.record_block(True)
     ctx.record_block(False, "attn_mask")
     line = state.report()

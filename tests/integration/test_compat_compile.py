@@ -6,9 +6,12 @@ graph break or recompile) and returns ``gm.forward`` (no inductor: seconds, not 
 Attention goes through SDPA via ``optimized_attention_override`` on every model, compiled or
 not: ComfyUI's CPU default (sub-quadratic attention) graph-breaks by itself.
 
-Measured on tiny Flux, ComfyUI 0.3.64, torch 2.14 (CPU): without ToMA 1 graph and 0 breaks per
-run; with ToMA 31 graphs in the first 4-step run. The compile-clean requirement is kept as a
-strict xfail until the core and runtime are compile-clean (see its reason).
+Measured on tiny Flux and tiny SDXL, ComfyUI 0.3.64, torch 2.14 (CPU): without ToMA 1 graph and
+0 breaks per run. With ToMA and a sigma window (merged and unmerged steps in one run): 2 graphs
+(merged, unmerged), 0 breaks, nothing new in a second run; recompute_every > 1 or Heun add one
+graph (a call that reuses the plan of an earlier call). Before toma_core and the runtime's plan
+cache were made compile-clean: 31 graphs and 7 breaks (toma_core), then 3 + 2 graphs per run
+(recompiles on the plan cache key: epoch, uuids, cache contents read inside the compiled region).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from compat_support import RUNTIME_LOGGER, Toma, rel, run_lines, warnings_of  # noqa: E402
-from tiny_models import FLUX_LATENT  # noqa: E402
+from compat_support import RUNTIME_LOGGER, Toma, count, plans_built, rel, run_lines, warnings_of  # noqa: E402
+from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 3
 
@@ -56,12 +59,13 @@ def with_sdpa(model: Any) -> Any:
     return clone
 
 
-def compiled_runs(model: Any, tiny: Any, runs: int = 1) -> tuple[list[torch.Tensor], list[int], int]:
+def compiled_runs(model: Any, tiny: Any, runs: int = 1, latent: tuple[int, ...] | None = None, **sample_kwargs: Any) -> tuple[list[torch.Tensor], list[int], int]:
     """Sample `runs` times through TorchCompileModel; (outputs, new graphs per run, graph breaks)."""
     import torch._dynamo
     from comfy_extras.nodes_torch_compile import TorchCompileModel
     from torch._dynamo.utils import counters
 
+    sample_kwargs.setdefault("steps", STEPS)
     torch._dynamo.reset()
     counters.clear()
     backend = CountingBackend()
@@ -69,7 +73,7 @@ def compiled_runs(model: Any, tiny: Any, runs: int = 1) -> tuple[list[torch.Tens
     outputs, graphs = [], []
     for _ in range(runs):
         before = backend.graphs
-        outputs.append(tiny.sample(compiled, FLUX_LATENT, steps=STEPS))
+        outputs.append(tiny.sample(compiled, latent or FLUX_LATENT, **sample_kwargs))
         graphs.append(backend.graphs - before)
     breaks = sum(counters["graph_break"].values())
     torch._dynamo.reset()
@@ -102,20 +106,50 @@ def test_compiled_toma_equals_eager_and_reports_honestly(tiny_flux: Any, tiny: A
     assert rel(out, tiny.sample(with_sdpa(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not compile-clean yet (measured 31 graphs vs 1, 4-step run): graph breaks in toma_core "
-    "(TileGrid cached_property takes an RLock; bool()/.item() on tensors in tiling.py) and "
-    "recompiles on the plan cache key (CallContext.epoch and uuids read inside the compiled "
-    "region, runtime.CallContext.plan). See /work/notes/compat_requests.md.",
-)
-def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma) -> None:
-    """Issue 7 point 5: with a sigma window (merged and unmerged steps in one run) the graphs are
-    at most the merged/unmerged pair of the unpatched count, with no graph break; a second run
-    compiles nothing new."""
-    _, plain_graphs, _ = plain_compiled
-    windowed = toma.patch(with_sdpa(tiny_flux), end=0.5)
-    _, graphs, breaks = compiled_runs(windowed, tiny, runs=2)
+WINDOW_STEPS = 4
+"""With end_percent 0.5: merged steps (each its own selection epoch), then unmerged ones."""
+
+
+def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, latent: tuple[int, ...], plain: int) -> None:
+    """Issue 7 point 5, for one model: with a sigma window (merged and unmerged steps in one run)
+    exactly the merged/unmerged pair of the unpatched graph count is compiled, with no graph
+    break; a second run compiles nothing new. A recompile per step (a block reading the step,
+    epoch or the run's plan cache) would add a graph in the first run (several merged epochs), one
+    per run (uuids, a fresh RunState) in the second. Plans are still counted (by the eager
+    wrapper after each call), the same as in an eager run."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    windowed = toma.patch(model, end=0.5)
+    _, graphs, breaks = compiled_runs(windowed, tiny, runs=2, latent=latent, steps=WINDOW_STEPS)
+    compiled_line = run_lines(caplog)[-1]
     assert breaks == 0
-    assert graphs[0] <= 2 * plain_graphs[0]
-    assert graphs[1] == 0
+    assert graphs == [2 * plain, 0], compiled_line
+    assert 2 <= count(rf"merged (\d+)/{WINDOW_STEPS} steps", compiled_line) < WINDOW_STEPS
+    tiny.sample(windowed, latent, steps=WINDOW_STEPS)
+    eager_line = run_lines(caplog)[-1]
+    assert "torch.compile" not in eager_line
+    assert plans_built(compiled_line) == plans_built(eager_line) >= 2
+    assert "tokens (" in compiled_line and compiled_line.split(" | ")[0] == eager_line.split(" | ")[0]
+
+
+def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture) -> None:
+    _, plain_graphs, _ = plain_compiled
+    check_compile_clean(with_sdpa(tiny_flux), tiny, toma, caplog, FLUX_LATENT, plain_graphs[0])
+
+
+def test_compiled_toma_is_compile_clean_sdxl(tiny_sdxl: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture) -> None:
+    """The same for the UNet family (object-patched BasicTransformerBlock forwards, one plan per
+    level); the unpatched tiny SDXL compiles to one graph as well."""
+    model = with_sdpa(tiny_sdxl)
+    _, plain_graphs, plain_breaks = compiled_runs(model, tiny, latent=UNET_LATENT)
+    assert plain_graphs == [1] and plain_breaks == 0
+    check_compile_clean(model, tiny, toma, caplog, UNET_LATENT, plain_graphs[0])
+
+
+def test_compiled_plan_reuse_adds_one_graph(tiny_flux: Any, tiny: Any, toma: Toma) -> None:
+    """recompute_every=2 with Heun (two calls per step, plans reused across calls and steps): the
+    calls that reuse an earlier call's plan are a third graph (they skip building it), and that is
+    all — the same three in every step and run."""
+    windowed = toma.patch(with_sdpa(tiny_flux), end=0.5, every=2)
+    _, graphs, breaks = compiled_runs(windowed, tiny, runs=2, steps=WINDOW_STEPS, sampler_name="heun")
+    assert breaks == 0
+    assert graphs == [3, 0]
