@@ -8,9 +8,10 @@ bench/bench_sdxl.py (imported, not copied): ComfyUI's own classes with random we
 inputs. For every configuration this measures, in one process:
 
 - rel. error: ||out - out_unpatched|| / ||out_unpatched|| of one model call (the denoiser output,
-  same latent, timestep and conditioning; the plan is built in the call);
+  same latent, timestep and conditioning; the plan is built in the call), averaged over
+  --weight-seeds random weight draws (torch.manual_seed before each build; min-max shown too);
 - ms/call: median ms per model call after warm-up (the benches' own round-robin loops), and the
-  speed-up against the unpatched model timed in the same loop.
+  speed-up against the unpatched model timed in the same loop (on the first seed's weights).
 
 Flux rows: unpatched, ToMA per ratio (every block merged), and "ideal" (the unpatched model on a
 grid of D tokens: the speed a merge with zero overhead would give; it has no error of its own).
@@ -29,7 +30,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -59,7 +60,8 @@ class Row:
     tokens: str
     ms: float | None  # None: not timed (the perturbation reference)
     speedup: float | None
-    rel_error: float | None
+    rel_error: float | None  # mean over the weight seeds
+    rel_error_range: list[float] | None = None  # [min, max] over the weight seeds
 
 
 @dataclass
@@ -71,6 +73,7 @@ class FamilyResult:
     rows: list[Row]
     reference_repeat_error: float
     seconds: float
+    seeds: list[int] = field(default_factory=lambda: [0])
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -122,14 +125,29 @@ def flux_args(device: str, dtype: str, size: str, ratios: list[float], repeats: 
     return bench_flux.parse_args(argv)
 
 
-def flux_family(args: argparse.Namespace) -> FamilyResult:
-    """Errors and timings of unpatched / ToMA / ideal on bench_flux's model (one process)."""
+def _flux_errors(args: argparse.Namespace, seed: int) -> dict[str, float]:
+    """Relative errors of ToMA per ratio and of the 1% input perturbation, weights drawn with `seed`."""
+    torch.manual_seed(seed)
+    base = bench_flux.build_model(args)
+    full = (args.grid, args.grid)
+    ref = bench_flux.make_call(base, args, full)()
+    errors = {f"ToMA {r:g}": relative_error(bench_flux.make_call(bench_flux.patch(base, r, args), args, full)(), ref)
+              for r in args.ratios}
+    errors[PERTURB_NAME] = relative_error(bench_flux.make_call(perturbed(base, PERTURB), args, full)(), ref)
+    return errors
+
+
+def flux_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> FamilyResult:
+    """Errors (per weight seed) and timings (first seed's model) of unpatched / ToMA / ideal on
+    bench_flux's model, in one process."""
     start = time.perf_counter()
+    errors = [_flux_errors(args, seed) for seed in seeds]
+    torch.manual_seed(seeds[0])
     base = bench_flux.build_model(args)
     full = (args.grid, args.grid)
     n = args.grid * args.grid
     calls = {"unpatched": bench_flux.make_call(base, args, full)}
-    tokens = {"unpatched": f"{n}"}
+    tokens = {"unpatched": f"{n}", PERTURB_NAME: f"{n}"}
     for r in args.ratios:
         calls[f"ToMA {r:g}"] = bench_flux.make_call(bench_flux.patch(base, r, args), args, full)
         tokens[f"ToMA {r:g}"] = f"{n}->{bench_flux.kept_tokens(r, args)}"
@@ -138,16 +156,13 @@ def flux_family(args: argparse.Namespace) -> FamilyResult:
         calls[f"ideal {r:g}"] = bench_flux.make_call(base, args, bench_flux.ideal_grid(d, full))
         tokens[f"ideal {r:g}"] = f"{d}"
     ref = calls["unpatched"]()
-    errors = {name: relative_error(call(), ref) for name, call in calls.items() if _kind(name) == "toma"}
     ms = bench_flux.median_ms(calls, args)
     repeat = relative_error(calls["unpatched"](), ref)
-    errors[PERTURB_NAME] = relative_error(bench_flux.make_call(perturbed(base, PERTURB), args, full)(), ref)
-    tokens[PERTURB_NAME] = f"{n}"
     rows = _rows("flux", ms, tokens, errors)
     setup = (f"comfy.model_base.Flux, hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "
              f"{args.grid}x{args.grid} image tokens + {args.text} text, batch {args.batch}, {args.dtype}, "
              f"tile {args.tile_size}; median of {args.repeats} calls after {args.warmup} warm-up, round-robin")
-    return FamilyResult("flux", setup, rows, repeat, time.perf_counter() - start)
+    return FamilyResult("flux", setup, rows, repeat, time.perf_counter() - start, list(seeds))
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,37 +180,56 @@ def sdxl_args(device: str, dtype: str, size: str, ratios: list[float], rounds: i
     return bench_sdxl.parse_args(argv)
 
 
-def sdxl_family(args: argparse.Namespace) -> FamilyResult:
-    """Errors and timings of unpatched / ToMA / ToMA-attn / ToMe on bench_sdxl's model."""
+def _sdxl_errors(args: argparse.Namespace, seed: int) -> dict[str, float]:
+    """Relative errors of every non-unpatched configuration and of the 1% input perturbation."""
+    import comfy.model_management
+
+    torch.manual_seed(seed)
+    base = bench_sdxl.build_model(args)
+    configs = bench_sdxl.configurations(base, args)
+    configs[PERTURB_NAME] = perturbed(base, PERTURB)
+    outputs = {}
+    for name, patcher in configs.items():
+        comfy.model_management.load_models_gpu([patcher])  # applies / removes object patches
+        outputs[name] = bench_sdxl.make_call(patcher, args)()
+    ref = outputs.pop("unpatched")
+    comfy.model_management.unload_all_models()
+    return {name: relative_error(out, ref) for name, out in outputs.items()}
+
+
+def sdxl_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> FamilyResult:
+    """Errors (per weight seed) and timings (first seed's model) of unpatched / ToMA / ToMA-attn /
+    ToMe on bench_sdxl's model."""
     import comfy.model_management
 
     start = time.perf_counter()
+    errors = [_sdxl_errors(args, seed) for seed in seeds]
+    torch.manual_seed(seeds[0])
     base = bench_sdxl.build_model(args)
     configs = bench_sdxl.configurations(base, args)
     calls = {name: bench_sdxl.make_call(patcher, args) for name, patcher in configs.items()}
 
     def output(name: str) -> torch.Tensor:
-        comfy.model_management.load_models_gpu([configs[name]])  # applies / removes object patches
+        comfy.model_management.load_models_gpu([configs[name]])
         return calls[name]()
 
     ref = output("unpatched")
-    errors = {name: relative_error(output(name), ref) for name in configs if name != "unpatched"}
     times: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(args.rounds):
         for name, patcher in configs.items():
             times[name] += bench_sdxl.time_calls(patcher, calls[name], args)
     repeat = relative_error(output("unpatched"), ref)
-    configs[PERTURB_NAME] = perturbed(base, PERTURB)
-    calls[PERTURB_NAME] = bench_sdxl.make_call(configs[PERTURB_NAME], args)
-    errors[PERTURB_NAME] = relative_error(output(PERTURB_NAME), ref)
     ms = {name: statistics.median(values) for name, values in times.items()}
     tokens = {name: _sdxl_tokens(args, _ratio(name) if name.startswith("ToMA") else 0.0) for name in configs}
+    tokens[PERTURB_NAME] = _sdxl_tokens(args, 0.0)
     config = bench_sdxl.unet_config(args)
     setup = (f"comfy.model_base.SDXL topology, model_channels {config['model_channels']}, context "
              f"{config['context_dim']}, latent {args.latent}x{args.latent}, batch {args.batch} (cond + uncond), "
              f"{args.dtype}, tile {args.tile_size}; median of {args.rounds} rounds x {args.calls} calls, "
              f"each round after a warm-up call")
-    return FamilyResult("sdxl", setup, _rows("sdxl", ms, tokens, errors), repeat, time.perf_counter() - start)
+    result = FamilyResult("sdxl", setup, _rows("sdxl", ms, tokens, errors), repeat, time.perf_counter() - start, list(seeds))
+    comfy.model_management.unload_all_models()
+    return result
 
 
 def _sdxl_tokens(args: argparse.Namespace, ratio: float) -> str:
@@ -203,15 +237,25 @@ def _sdxl_tokens(args: argparse.Namespace, ratio: float) -> str:
     return re.sub(r"\b(\d+)->\1\b", r"\1", bench_sdxl.level_tokens(args, ratio))
 
 
-def _rows(family: str, ms: dict[str, float], tokens: dict[str, str], errors: dict[str, float]) -> list[Row]:
+def _rows(family: str, ms: dict[str, float], tokens: dict[str, str], errors: list[dict[str, float]]) -> list[Row]:
+    """Table rows: timed configurations, then the untimed perturbation; errors averaged over seeds."""
     plain = ms["unpatched"]
     rows = []
     for name, value in ms.items():
-        error = 0.0 if name == "unpatched" else errors.get(name)
-        rows.append(Row(family, name, _kind(name), _ratio(name), tokens[name], value, plain / value, error))
-    if PERTURB_NAME in errors:  # not timed
-        rows.append(Row(family, PERTURB_NAME, "perturb", 0.0, tokens[PERTURB_NAME], None, None, errors[PERTURB_NAME]))
+        rows.append(Row(family, name, _kind(name), _ratio(name), tokens[name], value, plain / value, *_error(name, errors)))
+    if PERTURB_NAME in errors[0]:
+        rows.append(Row(family, PERTURB_NAME, "perturb", 0.0, tokens[PERTURB_NAME], None, None, *_error(PERTURB_NAME, errors)))
     return rows
+
+
+def _error(name: str, errors: list[dict[str, float]]) -> tuple[float | None, list[float] | None]:
+    """(mean over weight seeds, [min, max]) of one configuration's error; unpatched is 0."""
+    if name == "unpatched":
+        return 0.0, None
+    values = [e[name] for e in errors if name in e]
+    if not values:
+        return None, None
+    return statistics.fmean(values), [min(values), max(values)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,11 +269,15 @@ def _fmt_error(value: float | None) -> str:
 def markdown_table(result: FamilyResult) -> list[str]:
     """The family's table: config, tokens, ms/call, speed-up, relative error."""
     token_head = "tokens (1/2, 1/4 level)" if result.family == "sdxl" else "image tokens"
-    lines = [f"| config | {token_head} | ms/call | speed-up | rel. error |", "|---|---:|---:|---:|---:|"]
+    error_head = f"rel. error (mean, min–max of {len(result.seeds)} weight draws)" if len(result.seeds) > 1 else "rel. error"
+    lines = [f"| config | {token_head} | ms/call | speed-up | {error_head} |", "|---|---:|---:|---:|---:|"]
     for row in result.rows:
         ms = "–" if row.ms is None else f"{row.ms:.1f}"
         speedup = "–" if row.speedup is None else f"{row.speedup:.2f}x"
-        lines.append(f"| {row.config} | {row.tokens} | {ms} | {speedup} | {_fmt_error(row.rel_error)} |")
+        error = _fmt_error(row.rel_error)
+        if row.rel_error_range and len(result.seeds) > 1:
+            error += f" ({row.rel_error_range[0]:.3f}–{row.rel_error_range[1]:.3f})"
+        lines.append(f"| {row.config} | {row.tokens} | {ms} | {speedup} | {error} |")
     return lines
 
 
@@ -249,6 +297,10 @@ def plot_family(result: FamilyResult, path: Path) -> Path | None:
         rows = [r for r in result.rows if r.kind == kind]
         if rows:
             ax.plot([r.rel_error for r in rows], [r.speedup for r in rows], marker, color=color, label=label)
+            spans = [(r.rel_error - r.rel_error_range[0], r.rel_error_range[1] - r.rel_error) if r.rel_error_range else (0, 0)
+                     for r in rows]
+            ax.errorbar([r.rel_error for r in rows], [r.speedup for r in rows], xerr=list(zip(*spans)), fmt="none",
+                        ecolor=color, elinewidth=0.8, capsize=2)
             for r in rows:
                 ax.annotate(f"{r.ratio:g}", (r.rel_error, r.speedup), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ideal = {r.ratio: r.speedup for r in result.rows if r.kind == "ideal"}
@@ -274,7 +326,7 @@ def plot_family(result: FamilyResult, path: Path) -> Path | None:
 
 def result_dict(result: FamilyResult) -> dict:
     """JSON-ready form of a FamilyResult."""
-    return {"family": result.family, "setup": result.setup, "seconds": result.seconds,
+    return {"family": result.family, "setup": result.setup, "seconds": result.seconds, "weight_seeds": result.seeds,
             "reference_repeat_error": result.reference_repeat_error, "rows": [asdict(r) for r in result.rows]}
 
 
@@ -288,6 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--real-size", action="store_true", help="Flux.1 / SDXL sizes (GPU)")
     p.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
+    p.add_argument("--weight-seeds", type=int, default=3, help="random weight draws the errors are averaged over")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--out", default="bench/out/model_fidelity")
     return p.parse_args(argv)
@@ -305,9 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for family in args.families:
         if family == "flux":
-            result = flux_family(fargs)
+            result = flux_family(fargs, tuple(range(args.weight_seeds)))
         else:
-            result = sdxl_family(sdxl_args(args.device, "fp16" if gpu else "fp32", size, args.ratios, 3, 3 if gpu else 2))
+            result = sdxl_family(sdxl_args(args.device, "fp16" if gpu else "fp32", size, args.ratios, 3, 3 if gpu else 2),
+                                 tuple(range(args.weight_seeds)))
         print(f"\n{family}: {result.setup}; {result.seconds:.0f} s")
         print("\n".join(markdown_table(result)))
         plot_family(result, out / f"{family}_speedup_vs_error.png")

@@ -39,7 +39,7 @@ NOISE = """\
 **Timings are noisy**: the CPU run shared {cores} cores with other processes (load average at start
 and end below). Every configuration was timed in the same process, in turns, against the unpatched
 model of the same run, so load changes hit all of them alike, but single speed-ups can still move
-between runs. The relative errors are deterministic (fixed seeds)."""
+between runs. The relative errors are deterministic (seeded weights and inputs)."""
 
 
 def section_text(results: dict, image_dir: str) -> str:

@@ -51,6 +51,10 @@ def test_run_all_smoke(tmp_path):
             toma = rows[f"ToMA {ratio}"]
             assert 0 < toma["rel_error"] < 10 and toma["ms"] > 0, toma
         assert sections[family]["reference_repeat_error"] == 0.0
+        assert sections[family]["weight_seeds"] == [0, 1]
+        low, high = rows["ToMA 0.5"]["rel_error_range"]
+        assert low <= rows["ToMA 0.5"]["rel_error"] <= high
+        assert rows["input +1% noise"]["ms"] is None and rows["input +1% noise"]["rel_error"] > 0
     assert {r["config"] for r in sections["sdxl"]["rows"]} >= {"ToMe 0.5", "ToMA-attn 0.5"}
     assert {r["config"] for r in sections["flux"]["rows"]} >= {"ideal 0.5"}
     assert any(r["piece"] == "make_plan" for r in sections["core"]["rows"])
