@@ -221,7 +221,7 @@ class CallContext:
             settings = self.settings
             plan = make_plan(
                 features(), height, width, settings.ratio, settings.tile_size,
-                similarity=settings.similarity, temperature=settings.temperature,
+                similarity=settings.similarity, temperature=settings.temperature, budget=settings.budget,
             )
             self.plans[key] = plan
         return plan

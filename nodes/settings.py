@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..toma_core import SIMILARITIES, MergeSchedule
+from ..toma_core import BUDGETS, SIMILARITIES, MergeSchedule
 
 TOMA_KEY = "comfyui_toma"
 """Pack-unique key: wrappers, the per-run state in transformer_options, log prefixes."""
@@ -35,7 +35,9 @@ class ToMASettings:
     blocks: which blocks merge; "auto", "all" or a family-specific list (parsed per family).
     min_tokens: a forward with fewer image tokens than this runs unmerged (0 = always merge).
     similarity: one of toma_core.SIMILARITIES. temperature: softmax temperature of the
-    token -> destination assignment (0 = hard). scope: one of SCOPES. verbose: log per-call detail.
+    token -> destination assignment (0 = hard). budget: one of toma_core.BUDGETS ("tile": every
+    tile keeps the same share, as in the paper; "adaptive": the same total per sample, shared out
+    by content). scope: one of SCOPES. verbose: log per-call detail.
     """
 
     ratio: float = 0.5
@@ -45,6 +47,7 @@ class ToMASettings:
     min_tokens: int = 0
     similarity: str = "cosine"
     temperature: float = 1e-3
+    budget: str = "tile"
     scope: str = "block"
     verbose: bool = False
 
@@ -57,6 +60,8 @@ class ToMASettings:
             raise ValueError(f"schedule={self.schedule!r} must be a toma_core.MergeSchedule")
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"similarity={self.similarity!r} is not one of {', '.join(SIMILARITIES)}")
+        if self.budget not in BUDGETS:
+            raise ValueError(f"budget={self.budget!r} is not one of {', '.join(BUDGETS)}")
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
         if not isinstance(self.blocks, str) or not self.blocks.strip():
@@ -73,7 +78,7 @@ class ToMASettings:
         """Short text of the settings for the per-run log line."""
         s = self.schedule
         return (
-            f"ratio {self.ratio:g}, tile {self.tile_size}, blocks {self.blocks}, "
+            f"ratio {self.ratio:g}, tile {self.tile_size}, budget {self.budget}, blocks {self.blocks}, "
             f"window {s.start_percent:g}-{s.end_percent:g}, recompute every {s.recompute_every}"
         )
 

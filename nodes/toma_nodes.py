@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..toma_core import SIMILARITIES, MergeSchedule
+from ..toma_core import BUDGETS, SIMILARITIES, MergeSchedule
 from .patching import patch_model
 from .settings import RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_SIZE_RANGE, ToMASettings
 
@@ -75,6 +75,11 @@ def advanced_inputs() -> list:
             "0 is a hard nearest-destination assignment.",
         ),
         io.Combo.Input(
+            "budget", options=list(BUDGETS), default=BUDGETS[0],
+            tooltip="tile: every tile keeps the same share of tokens (paper). adaptive: the same total, "
+            "shared out by content — flat regions give up more tokens, detailed ones keep more.",
+        ),
+        io.Combo.Input(
             "scope", options=list(SCOPES), default=SCOPES[0],
             tooltip="block: whole transformer blocks run on merged tokens (fastest). attention: only "
             "the attention runs merged (UNet only; most compatible).",
@@ -126,12 +131,14 @@ class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def execute(
         cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
-        blocks, min_tokens, similarity, temperature, scope, verbose,
+        blocks, min_tokens, similarity, temperature, scope, verbose, budget=BUDGETS[0],
     ) -> io.NodeOutput:
+        # ComfyUI passes inputs by name; budget comes last here (with its default) so calls that
+        # pass the older inputs positionally keep working.
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, blocks=blocks,
             min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
-            scope=scope, verbose=bool(verbose),
+            budget=budget, scope=scope, verbose=bool(verbose),
         )
         return io.NodeOutput(patch_model(model, settings))
 

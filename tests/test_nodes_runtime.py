@@ -106,6 +106,20 @@ def test_call_plans_are_fresh_and_prefilled_eagerly():
     assert call(unmerged, 10.0).plans == {}
 
 
+def test_plans_use_the_budget_setting():
+    """The settings' budget reaches make_plan: "adaptive" shares the same D by content."""
+    x = torch.zeros(2, 256, 8)
+    x[:, :128] = torch.randn(2, 128, 8)  # detailed top half, flat bottom half
+    for budget in core.BUDGETS:
+        ctx = call(make_state(budget=budget), 10.0, hw=(16, 16))
+        plan = ctx.plan("s", 16, 16, lambda: x)
+        expected = core.make_plan(x, 16, 16, 0.5, 4, budget=budget)
+        assert plan.num_kept == expected.num_kept and torch.equal(plan.dst_index, expected.dst_index)
+    tile = core.make_plan(x, 16, 16, 0.5, 4, budget="tile")
+    adaptive = core.make_plan(x, 16, 16, 0.5, 4, budget="adaptive")
+    assert not torch.equal(tile.dst_index, adaptive.dst_index)
+
+
 def test_report_is_one_line_with_facts():
     state = make_state(ratio=0.5)
     ctx = call(state, 10.0)

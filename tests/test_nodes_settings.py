@@ -14,6 +14,7 @@ ToMASettings = settings_mod.ToMASettings
 def test_defaults_are_valid_and_match_issue():
     s = ToMASettings()
     assert (s.ratio, s.tile_size, s.blocks, s.scope, s.min_tokens) == (0.5, 4, "auto", "block", 0)
+    assert s.budget == "tile" == core.BUDGETS[0]
     assert s.schedule == core.MergeSchedule(0.0, 1.0, 1)
     assert s.merges
 
@@ -28,6 +29,7 @@ def test_defaults_are_valid_and_match_issue():
         ({"min_tokens": -1}, ["min_tokens=-1"]),
         ({"temperature": -1.0}, ["temperature=-1.0"]),
         ({"similarity": "dot"}, ["similarity='dot'", "cosine"]),
+        ({"budget": "global"}, ["budget='global'", "tile", "adaptive"]),
         ({"scope": "ff"}, ["scope='ff'", "block", "attention"]),
         ({"blocks": " "}, ["blocks=' '"]),
         ({"verbose": 1}, ["verbose=1"]),
@@ -45,6 +47,13 @@ def test_settings_are_frozen_and_hashable():
     with pytest.raises(AttributeError):
         s.ratio = 0.1  # type: ignore[misc]
     assert hash(s) == hash(ToMASettings())
+
+
+@pytest.mark.parametrize("budget", ["tile", "adaptive"])
+def test_budget_choices_and_describe(budget):
+    s = ToMASettings(budget=budget)
+    assert budget in core.BUDGETS
+    assert f"budget {budget}" in s.describe()
 
 
 def test_merges_false_for_ratio_zero_or_empty_window():

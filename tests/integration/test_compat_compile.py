@@ -110,7 +110,7 @@ WINDOW_STEPS = 4
 """With end_percent 0.5: merged steps (each its own selection epoch), then unmerged ones."""
 
 
-def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, latent: tuple[int, ...], plain: int) -> None:
+def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, latent: tuple[int, ...], plain: int, **settings: Any) -> None:
     """Issue 7 point 5, for one model: with a sigma window (merged and unmerged steps in one run)
     exactly the merged/unmerged pair of the unpatched graph count is compiled, with no graph
     break; a second run compiles nothing new. A recompile per step (a block reading the step,
@@ -118,7 +118,7 @@ def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCap
     per run (uuids, a fresh RunState) in the second. Plans are still counted (by the eager
     wrapper after each call), the same as in an eager run."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
-    windowed = toma.patch(model, end=0.5)
+    windowed = toma.patch(model, end=0.5, **settings)
     _, graphs, breaks = compiled_runs(windowed, tiny, runs=2, latent=latent, steps=WINDOW_STEPS)
     compiled_line = run_lines(caplog)[-1]
     assert breaks == 0
@@ -131,9 +131,10 @@ def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCap
     assert "tokens (" in compiled_line and compiled_line.split(" | ")[0] == eager_line.split(" | ")[0]
 
 
-def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("budget", ["tile", "adaptive"])
+def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, budget: str) -> None:
     _, plain_graphs, _ = plain_compiled
-    check_compile_clean(with_sdpa(tiny_flux), tiny, toma, caplog, FLUX_LATENT, plain_graphs[0])
+    check_compile_clean(with_sdpa(tiny_flux), tiny, toma, caplog, FLUX_LATENT, plain_graphs[0], budget=budget)
 
 
 def test_compiled_toma_is_compile_clean_sdxl(tiny_sdxl: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture) -> None:

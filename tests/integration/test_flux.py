@@ -282,7 +282,7 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert [i.id for i in basic.inputs] == ["model", "ratio", "tile_size", "start_percent", "end_percent", "recompute_every"]
     advanced = nodes.ToMAPatchAdvanced.define_schema()
     assert advanced.display_name == "ToMA Patch (Advanced)"
-    assert [i.id for i in advanced.inputs][6:] == ["blocks", "min_tokens", "similarity", "temperature", "scope", "verbose"]
+    assert [i.id for i in advanced.inputs][6:] == ["blocks", "min_tokens", "similarity", "temperature", "budget", "scope", "verbose"]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description
         assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
@@ -294,6 +294,13 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
         nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1)
     adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "block", False)
     assert torch.equal(tiny.sample(adv.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))  # min_tokens
+    adaptive = nodes.ToMAPatchAdvanced.execute(
+        tiny_flux, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
+        budget="adaptive", scope="block", verbose=False,
+    )
+    assert adaptive.result[0].model_options["transformer_options"][toma.settings.TOMA_KEY].config.settings.budget == "adaptive"
+    with pytest.raises(ValueError, match="budget='global'"):
+        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "block", False, budget="global")
 
 
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:

@@ -186,6 +186,7 @@ def expected() -> dict[str, Any]:
             "min_tokens": ("INT", defaults.min_tokens, settings.MIN_TOKENS_RANGE[0], None),
             "similarity": ("COMBO", defaults.similarity, tuple(core.SIMILARITIES), None),
             "temperature": ("FLOAT", defaults.temperature, *settings.TEMPERATURE_RANGE),
+            "budget": ("COMBO", defaults.budget, tuple(core.BUDGETS), None),
             "scope": ("COMBO", defaults.scope, tuple(settings.SCOPES), None),
             "verbose": ("BOOLEAN", defaults.verbose, None, None),
         },
