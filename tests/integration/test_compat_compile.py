@@ -137,13 +137,19 @@ def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, t
     check_compile_clean(with_sdpa(tiny_flux), tiny, toma, caplog, FLUX_LATENT, plain_graphs[0], budget=budget)
 
 
-def test_compiled_toma_is_compile_clean_sdxl(tiny_sdxl: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture) -> None:
-    """The same for the UNet family (object-patched BasicTransformerBlock forwards, one plan per
-    level); the unpatched tiny SDXL compiles to one graph as well."""
-    model = with_sdpa(tiny_sdxl)
-    _, plain_graphs, plain_breaks = compiled_runs(model, tiny, latent=UNET_LATENT)
-    assert plain_graphs == [1] and plain_breaks == 0
-    check_compile_clean(model, tiny, toma, caplog, UNET_LATENT, plain_graphs[0])
+@pytest.fixture(scope="module")
+def plain_sdxl_graphs(tiny_sdxl: Any, tiny: Any) -> int:
+    """Graphs of the unpatched tiny SDXL compiled (one, no break: the harness is clean for UNets too)."""
+    _, graphs, breaks = compiled_runs(with_sdpa(tiny_sdxl), tiny, latent=UNET_LATENT)
+    assert graphs == [1] and breaks == 0
+    return graphs[0]
+
+
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_compiled_toma_is_compile_clean_sdxl(plain_sdxl_graphs: int, tiny_sdxl: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, scope: str) -> None:
+    """The same for the UNet family: object-patched BasicTransformerBlock forwards (scope block)
+    or attn1/attn2 patches (scope attention), one plan per level."""
+    check_compile_clean(with_sdpa(tiny_sdxl), tiny, toma, caplog, UNET_LATENT, plain_sdxl_graphs, scope=scope)
 
 
 def test_compiled_plan_reuse_adds_one_graph(tiny_flux: Any, tiny: Any, toma: Toma) -> None:
