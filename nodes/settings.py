@@ -20,7 +20,8 @@ SCOPES = ("block", "attention")
 """block: whole transformer blocks run on merged tokens. attention: only attention (UNet only)."""
 
 RATIO_RANGE = (0.0, 0.95)
-TILE_SIZE_RANGE = (1, 32)
+TILE_SIZE_RANGE = (2, 32)
+"""Tile 1 would keep every token (one token per tile): a silent no-op, so it is refused."""
 TEMPERATURE_RANGE = (0.0, 1.0)
 MIN_TOKENS_RANGE = (0, 1 << 20)
 

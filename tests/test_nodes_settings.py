@@ -24,7 +24,8 @@ def test_defaults_are_valid_and_match_issue():
     [
         ({"ratio": 0.96}, ["ratio=0.96", "0.95"]),
         ({"ratio": -0.1}, ["ratio=-0.1"]),
-        ({"tile_size": 0}, ["tile_size=0", "[1, 32]"]),
+        ({"tile_size": 0}, ["tile_size=0", "[2, 32]"]),
+        ({"tile_size": 1}, ["tile_size=1", "[2, 32]"]),
         ({"tile_size": 2.5}, ["tile_size=2.5"]),
         ({"min_tokens": -1}, ["min_tokens=-1"]),
         ({"temperature": -1.0}, ["temperature=-1.0"]),
