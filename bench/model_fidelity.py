@@ -301,6 +301,10 @@ def plot_family(result: FamilyResult, path: Path) -> Path | None:
                      for r in rows]
             ax.errorbar([r.rel_error for r in rows], [r.speedup for r in rows], xerr=list(zip(*spans)), fmt="none",
                         ecolor=color, elinewidth=0.8, capsize=2)
+            if kind == "tome":  # all at error 0: one label
+                ax.annotate("ratios " + ", ".join(f"{r.ratio:g}" for r in rows), (rows[0].rel_error, rows[0].speedup),
+                            textcoords="offset points", xytext=(5, 4), fontsize=8)
+                continue
             for r in rows:
                 ax.annotate(f"{r.ratio:g}", (r.rel_error, r.speedup), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ideal = {r.ratio: r.speedup for r in result.rows if r.kind == "ideal"}
