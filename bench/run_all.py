@@ -15,8 +15,8 @@ Sections (each timed in this run, speed-ups always against the unpatched model o
 Sizes. Default (CPU): the benches' CPU shapes (Flux hidden 768 with 2+4 blocks on 32x32 tokens,
 SDXL topology at model_channels 64 on a 56x56 latent, core block width 1024 on 4096 tokens, token
 fidelity for every similarity and tile 2/4/8 at the nodes' default temperature and 0). --device cuda:
-Flux.1 and SDXL sizes (random weights; bf16 for Flux and the core, fp16 for SDXL) and the full
-token-fidelity sweep. --smoke: tiny everything (for the test suite, numbers meaningless).
+Flux.1 and SDXL sizes (random weights; bf16 for Flux and the core, fp16 for SDXL); the token
+fidelity (CPU work) as on CPU; `python bench/fidelity.py` alone runs its full sweep. --smoke: tiny everything (for the test suite, numbers meaningless).
 The flux and sdxl sections need ComfyUI (COMFYUI_PATH or a sibling checkout); without it they are
 skipped with the reason, and the rest still runs.
 
@@ -84,7 +84,8 @@ def preset_for(args: argparse.Namespace) -> Preset:
         return Preset("smoke", ["--width", "64", "--grid", "8", "--repeats", "1"], "smoke", 1, 0, 1, 1,
                       ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"], (0, 1))
     if args.device != "cpu":
-        return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5, [])
+        return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5,
+                      ["--tiles", "2,4,8"])
     return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 9, 1, 4, 2,
                   ["--tiles", "2,4,8"])
 
@@ -198,7 +199,7 @@ def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
     """bench/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
     default = node_defaults()
     argv = ["--out", str(out / "fidelity"), *preset.tokens]
-    if preset.name == "cpu":
+    if preset.name in ("cpu", "cuda"):
         argv += ["--temperatures", f"{default['temperature']:g},0"]
     elif preset.name == "smoke":
         argv += ["--temperatures", f"{default['temperature']:g}", "--budgets", default["budget"]]
