@@ -175,3 +175,15 @@ def test_adaptive_budget_is_per_sample() -> None:
     assert torch.equal(plan.dst_index[1], single.dst_index[0])
     assert not torch.equal(plan.dst_index[0], plan.dst_index[1])
     torch.testing.assert_close(plan.merge(torch.cat([a, b]))[1:], single.merge(b))
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "centered_cosine"])
+@pytest.mark.parametrize("temperature", [1e-3, 0.0])
+def test_zero_tokens_merge_with_each_other(similarity: str, temperature: float) -> None:
+    # A flat patch becomes an all-zero token after a LayerNorm: zero tokens are alike, so one
+    # destination covers them all and they come back as exact zeros. (neg_sq_dist is left out:
+    # there a short non-zero token may rightly join the zero cluster.)
+    x = tokens(1, 16, 8)
+    x[:, ::2] = 0
+    plan = make_plan(x, 4, 4, 0.5, 4, similarity=similarity, temperature=temperature)
+    torch.testing.assert_close(plan.unmerge(plan.merge(x))[:, ::2], x[:, ::2], rtol=0, atol=1e-6)

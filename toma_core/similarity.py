@@ -21,7 +21,7 @@ def check_similarity(name: str) -> None:
 def prepare_features(features: torch.Tensor, similarity: str) -> torch.Tensor:
     """Map features (B, N, C) to fp32 vectors whose pairwise scores define `similarity`.
 
-    cosine: unit vectors. centered_cosine: unit vectors after removing the per-sample mean token,
+    cosine: unit vectors (zero tokens all point one way, see `unit_vectors`). centered_cosine: unit vectors after removing the per-sample mean token,
     so a shared offset (e.g. an AdaLN shift) does not make every token look alike. neg_sq_dist:
     vectors scaled by the per-sample RMS token norm, so distances are O(1) whatever the width.
     """
@@ -32,7 +32,20 @@ def prepare_features(features: torch.Tensor, similarity: str) -> torch.Tensor:
     if similarity == "neg_sq_dist":
         rms = x.pow(2).sum(-1).mean(dim=1, keepdim=True).sqrt().clamp_min(1e-12)
         return x / rms.unsqueeze(-1)
-    return torch.nn.functional.normalize(x, dim=-1, eps=1e-12)
+    return unit_vectors(x)
+
+
+def unit_vectors(x: torch.Tensor) -> torch.Tensor:
+    """(B, N, C) -> (B, N, C+1) unit vectors whose dot products are the cosine similarities.
+
+    A zero token (a flat patch after LayerNorm) has no direction: plain normalisation would make
+    it unlike everything, itself included, so flat regions could never merge. One extra channel
+    of 1e-4 x the sample's mean token norm gives every zero token the same direction (similarity
+    1 with each other, ~0 with the rest) and moves other cosines by ~1e-8.
+    """
+    scale = x.norm(dim=-1).mean(dim=1).clamp_min(1e-12) * 1e-4
+    extra = scale.view(-1, 1, 1).expand(*x.shape[:-1], 1)
+    return torch.nn.functional.normalize(torch.cat([x, extra], dim=-1), dim=-1)
 
 
 def pairwise(prepared: torch.Tensor, similarity: str) -> torch.Tensor:
