@@ -23,29 +23,23 @@ prints where a ToMA call at the first ratio spends its time.
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+import bench_common  # (puts tests/ and tests/integration/ on sys.path)
+from bench_common import DTYPES, import_comfy
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SDXL_CONTEXT_PER_CHANNEL = 2048 / 320
 """SDXL's text context width relative to model_channels."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    bench_common.add_device_args(p)
     p.add_argument("--real-size", action="store_true", help="SDXL sizes: model_channels 320, context 2048, 128x128 latent")
     p.add_argument("--channels", type=int, default=64, help="model_channels (SDXL: 320; a multiple of 32)")
     p.add_argument("--latent", type=int, default=56, help="latent side (SDXL at 1024^2: 128; a multiple of 4)")
@@ -60,35 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="wall: elapsed time; cpu: this process's CPU time (with --threads 1, robust to other "
                    "processes on a shared machine)")
-    p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"],
-                   help="pytorch: SDPA (what ComfyUI uses on GPUs); comfy-default: ComfyUI's CPU choice")
-    p.add_argument("--profile", action="store_true", help="break a ToMA call at the first ratio into parts")
+    bench_common.add_kernel_args(p)
     args = p.parse_args(argv)
     if args.real_size:
         args.channels, args.latent = 320, 128
     if args.channels % 32 or args.latent % 4:
         p.error(f"--channels={args.channels} must be a multiple of 32 and --latent={args.latent} a multiple of 4")
     return args
-
-
-def import_comfy(args: argparse.Namespace) -> Path:
-    """Import ComfyUI (cpu mode unless --device is not cpu) with the chosen attention kernel."""
-    import comfy_env
-
-    root = comfy_env.find_comfy_root()
-    if root is None:
-        sys.exit("ComfyUI not found: set COMFYUI_PATH")
-    sys.path.insert(0, str(root))
-    import comfy.cli_args
-
-    if args.attention == "pytorch":
-        comfy.cli_args.args.use_pytorch_cross_attention = True
-    if args.device != "cpu":
-        os.environ["COMFYUI_USE_GPU"] = "1"
-    result = comfy_env.import_comfy()
-    if isinstance(result, str):
-        sys.exit(result)
-    return result
 
 
 def unet_config(args: argparse.Namespace) -> dict:
@@ -106,30 +78,9 @@ def unet_config(args: argparse.Namespace) -> dict:
 
 def build_model(args: argparse.Namespace):
     """An SDXL-shaped comfy.model_base.SDXL with random weights, in a ModelPatcher on the device."""
-    import comfy.model_patcher
     import comfy.supported_models
 
-    config = unet_config(args)
-    dtype, device = DTYPES[args.dtype], torch.device(args.device)
-    model_config = comfy.supported_models.SDXL(config)
-    model_config.unet_config.update(config)
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({}, device=device)
-    init_weights(model.diffusion_model)
-    model.to(device).eval()
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
-
-
-def init_weights(module: torch.nn.Module) -> None:
-    """Biases 0, norm gains 1, matrices N(0, 1/fan_in): activations stay O(1) through 70 blocks."""
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            if name.endswith("bias"):
-                param.zero_()
-            elif param.ndim <= 1:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 1.0 / math.sqrt(param[0].numel()))
+    return bench_common.build_patcher(comfy.supported_models.SDXL, unet_config(args), args)
 
 
 def make_call(patcher, args: argparse.Namespace, x: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
@@ -138,9 +89,6 @@ def make_call(patcher, args: argparse.Namespace, x: torch.Tensor | None = None) 
 
     x: the noisy latent (B, 4, H, W); default seeded noise of --batch x --latent^2.
     """
-    import comfy.model_patcher
-    import comfy.patcher_extension
-
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     gen = torch.Generator().manual_seed(0)
     noise = torch.randn((args.batch, 4, args.latent, args.latent), generator=gen)
@@ -150,34 +98,8 @@ def make_call(patcher, args: argparse.Namespace, x: torch.Tensor | None = None) 
     y = torch.randn((b, 2816), generator=gen).to(device, dtype)
     model_sampling = patcher.get_model_object("model_sampling")
     sigmas = torch.tensor([float(model_sampling.sigma_max), 1.0, 0.0], device=device)
-    options = comfy.model_patcher.create_model_options_clone(patcher.model_options)
-    to = options.setdefault("transformer_options", {})
-    to["wrappers"] = comfy.patcher_extension.copy_nested_dicts(patcher.wrappers)
-    to.update(sample_sigmas=sigmas, sigmas=sigmas[:1], cond_or_uncond=[0, 1][:b] + [0] * max(0, b - 2), uuids=["bench"] * b)
-    state = _start_run(patcher, to)
-    t = sigmas[:1].expand(b)
-
-    def call() -> torch.Tensor:
-        if state is not None:
-            state.plans.clear()  # recompute_every=1: every step builds its plans
-        with torch.no_grad():
-            return patcher.model.apply_model(x, t, c_crossattn=context, y=y, transformer_options=dict(to))
-
-    return call
-
-
-def _start_run(patcher, transformer_options: dict):
-    """What ToMA's OUTER_SAMPLE wrapper does for a run: a fresh RunState with its sigma window."""
-    from pack import pack_module
-
-    key = pack_module("nodes.settings").TOMA_KEY
-    template = transformer_options.get(key)
-    if template is None:
-        return None
-    state = template.fresh()
-    state.begin_run(patcher.get_model_object("model_sampling").percent_to_sigma, transformer_options["sample_sigmas"])
-    transformer_options[key] = state
-    return state
+    cond_or_uncond = [0, 1][:b] + [0] * max(0, b - 2)
+    return bench_common.model_call(patcher, x, sigmas, cond_or_uncond, ["bench"] * b, c_crossattn=context, y=y)
 
 
 def configurations(base, args: argparse.Namespace) -> dict[str, object]:
@@ -209,19 +131,7 @@ def time_calls(patcher, call: Callable[[], torch.Tensor], args: argparse.Namespa
     if not torch.isfinite(out).all():
         print("warning: non-finite model output", file=sys.stderr)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    times = []
-    for _ in range(args.calls):
-        _sync(args)
-        start = clock()
-        call()
-        _sync(args)
-        times.append((clock() - start) * 1000)
-    return times
-
-
-def _sync(args: argparse.Namespace) -> None:
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
+    return [bench_common.timed_ms(call, args, clock) for _ in range(args.calls)]
 
 
 def level_tokens(args: argparse.Namespace, ratio: float) -> str:
@@ -240,16 +150,9 @@ def level_tokens(args: argparse.Namespace, ratio: float) -> str:
 def profile_call(patcher, call: Callable[[], torch.Tensor], args: argparse.Namespace) -> None:
     """Top operators of one ToMA call (torch.profiler), to see where the time goes."""
     import comfy.model_management
-    from torch.profiler import ProfilerActivity, profile
 
     comfy.model_management.load_models_gpu([patcher])
-    call()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
-        call()
-        _sync(args)
-    sort = "cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=sort, row_limit=20))
+    bench_common.profile_call(call, args, row_limit=20)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -257,8 +160,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     root = import_comfy(args)
-    import comfy_env
-
     base = build_model(args)
     configs = configurations(base, args)
     calls = {name: make_call(patcher, args) for name, patcher in configs.items()}
@@ -267,8 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, patcher in configs.items():
             times[name] += time_calls(patcher, calls[name], args)
     config = unet_config(args)
-    print(f"ComfyUI {comfy_env.comfy_version(root)}; device {args.device} {args.dtype}, threads {torch.get_num_threads()}, "
-          f"attention {args.attention}; SDXL topology, model_channels {config['model_channels']}, context "
+    print(bench_common.run_header(root, args) + f"SDXL topology, model_channels {config['model_channels']}, context "
           f"{config['context_dim']}, latent {args.latent}x{args.latent}, batch {args.batch}, tile {args.tile_size}; "
           f"{args.clock} clock, median of {args.rounds} rounds x {args.calls} calls")
     plain = statistics.median(times["unpatched"])

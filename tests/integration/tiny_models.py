@@ -125,14 +125,17 @@ def tiny_sd15_config() -> dict[str, Any]:
     }
 
 
-def init_weights(module: torch.nn.Module, seed: int, gain: float = 1.0) -> None:
-    """Fill every parameter of ``module`` deterministically.
+def init_weights(module: torch.nn.Module, seed: int | None = None, gain: float = 1.0) -> None:
+    """Fill every parameter of ``module``.
 
-    Biases -> 0; other 1-d parameters (norm gains and scales) -> 1; everything else -> seeded
-    normal * gain / sqrt(fan_in), fan_in being the size of one output row (in_features, or
-    in_channels * kernel area for a conv).
+    Biases -> 0; other 1-d parameters (norm gains and scales) -> 1; everything else -> normal *
+    gain / sqrt(fan_in), fan_in being the size of one output row (in_features, or in_channels *
+    kernel area for a conv): activations stay O(1) through many blocks. With ``seed`` the normals
+    are drawn on the CPU from a generator seeded with it (deterministic on any device); with None
+    they are drawn in place, on the parameter's device and dtype, from torch's global RNG (the
+    benchmarks: seeded by ``torch.manual_seed``, fast for real model sizes on a GPU).
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in module.named_parameters():
             if name.endswith("bias"):
@@ -141,7 +144,10 @@ def init_weights(module: torch.nn.Module, seed: int, gain: float = 1.0) -> None:
                 param.fill_(1.0)
             else:
                 std = gain / math.sqrt(param[0].numel())
-                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
+                if gen is None:
+                    param.normal_(0.0, std)
+                else:
+                    param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
 
 
 def zero_weights(module: torch.nn.Module) -> None:
