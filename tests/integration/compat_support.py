@@ -1,7 +1,8 @@
-"""Helpers shared by the compatibility tests (issue 7): ToMA with ComfyUI's built-in nodes and with
-stand-ins for third-party packs' calling conventions, on tiny random-weight models on CPU.
+"""Helpers shared by the integration tests that patch tiny random-weight models on CPU: the Flux and
+UNet tests and the compatibility tests (issue 7: ToMA with ComfyUI's built-in nodes and with
+stand-ins for third-party packs' calling conventions).
 
-Import only once ComfyUI is importable (the ``toma`` fixture of each test module makes sure).
+Import only once ComfyUI is importable (the ``toma`` fixture in conftest.py makes sure).
 Token counts are measured with an ``optimized_attention_override`` (``record_attention``), the
 per-run result is read from ToMA's one-line run summary (``run_lines``).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,22 +37,29 @@ class Toma:
         self.settings = pack_module("nodes.settings")
         self.runtime = pack_module("nodes.runtime")
         self.core = pack_module("toma_core")
+        self.unet = pack_module("nodes.unet")
         self.nodes = pack_module("nodes.toma_nodes")
 
     def patch(self, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
         """ToMA on a clone of `model` (blocks="all" unless given: every block of the tiny models)."""
         kwargs.setdefault("blocks", "all")
-        schedule = self.core.MergeSchedule(start, end, every)
-        return self.patching.patch_model(model, self.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
+        return patch(self, model, ratio, start, end, every, **kwargs)
 
 
-def record_attention(model: Any) -> tuple[Any, list[tuple[int, int, int]]]:
-    """A clone of `model` whose attention calls append (batch, query length, key length)."""
-    calls: list[tuple[int, int, int]] = []
+def patch(toma: Toma, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
+    """ToMA on a clone of `model` with these settings (the settings' own defaults otherwise)."""
+    schedule = toma.core.MergeSchedule(start, end, every)
+    return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
+
+
+def record_attention(model: Any, entry: Callable[[int, int, int], Any] = lambda batch, q, k: (batch, q, k)) -> tuple[Any, list]:
+    """A clone of `model` whose attention calls append ``entry(batch, query length, key length)``
+    (by default that tuple) to the returned list."""
+    calls: list = []
 
     def override(func, q, k, v, heads, *args, **kwargs):
         dim = 2 if kwargs.get("skip_reshape") else 1
-        calls.append((int(q.shape[0]), int(q.shape[dim]), int(k.shape[dim])))
+        calls.append(entry(int(q.shape[0]), int(q.shape[dim]), int(k.shape[dim])))
         return func(q, k, v, heads, *args, **kwargs)
 
     clone = model.clone()
@@ -61,6 +70,17 @@ def record_attention(model: Any) -> tuple[Any, list[tuple[int, int, int]]]:
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative L2 difference |a - b| / |b|."""
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4, cfg: float = 2.0, **kw: Any) -> torch.Tensor:
+    """``comfy.sample.sample`` from this noise on an empty latent (euler, simple, seed 0), with random
+    conditioning unless ``positive`` / ``negative`` are given; other ``kw`` go to the sampler."""
+    import comfy.sample
+
+    latent = torch.zeros_like(noise)
+    pos = kw.pop("positive", None) or tiny.make_conditioning(model, 1234)
+    neg = kw.pop("negative", None) or tiny.make_conditioning(model, 1235)
+    return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", pos, neg, latent, seed=0, disable_pbar=True, **kw)
 
 
 def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -58,6 +58,15 @@ def tiny(comfy: Path) -> Any:
     return tiny_models
 
 
+@pytest.fixture(scope="module")
+def toma(comfy: Path) -> Any:
+    """The pack's modules (``compat_support.Toma``: patching, settings, runtime, core, unet, nodes),
+    loaded as ComfyUI loads them."""
+    from compat_support import Toma
+
+    return Toma()
+
+
 @pytest.fixture(scope="session")
 def tiny_flux(tiny: Any) -> Any:
     """A shared tiny Flux ModelPatcher (also serves Kontext: pass reference_latents)."""

@@ -44,11 +44,6 @@ SDXL_BLOCKS = 17
 """Tiny SDXL at a 16x16 latent: 17 BasicTransformerBlocks (all selected)."""
 
 
-@pytest.fixture(scope="module")
-def toma(comfy: Any) -> Toma:
-    return Toma()
-
-
 @pytest.fixture()
 def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     """INFO from ToMA's runtime and from ComfyUI's root logger (EasyCache's summary line)."""

@@ -29,11 +29,6 @@ from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def toma(comfy: Any) -> Toma:
-    return Toma()
-
-
 class CountingBackend:
     """A Dynamo backend that counts compiled graphs and runs them eagerly."""
 

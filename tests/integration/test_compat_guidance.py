@@ -31,11 +31,6 @@ from compat_support import (  # noqa: E402
 from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def toma(comfy: Any) -> Toma:
-    return Toma()
-
-
 @pytest.fixture()
 def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)

@@ -14,60 +14,27 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import compat_support  # noqa: E402
+from compat_support import FLUX_TEXT as TEXT  # noqa: E402
+from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
 from tiny_models import FLUX_LATENT  # noqa: E402
-from pack import pack_module  # noqa: E402
-
-TEXT = 256
-"""Text tokens of make_conditioning's Flux conditioning."""
-
-RUNTIME_LOGGER = "comfyui_toma_pack.nodes.runtime"
-
-
-@pytest.fixture(scope="module")
-def toma(comfy: Any) -> Any:
-    """The pack's modules: patching, settings, core, nodes."""
-
-    class Modules:
-        patching = pack_module("nodes.patching")
-        settings = pack_module("nodes.settings")
-        core = pack_module("toma_core")
-        nodes = pack_module("nodes.toma_nodes")
-
-    return Modules
-
-
-def patch(toma: Any, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
-    schedule = toma.core.MergeSchedule(start, end, every)
-    return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
 
 
 def record_attention(model: Any) -> tuple[Any, list[int]]:
     """A clone of `model` whose attention calls append their sequence length to the returned list."""
-    lengths: list[int] = []
-
-    def override(func, q, k, v, heads, *args, **kwargs):
-        lengths.append(int(q.shape[2] if kwargs.get("skip_reshape") else q.shape[1]))
-        return func(q, k, v, heads, *args, **kwargs)
-
-    clone = model.clone()
-    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
-    return clone, lengths
+    return compat_support.record_attention(model, lambda batch, q, k: q)
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4, cfg: float = 2.0) -> torch.Tensor:
-    import comfy.sample
-
-    latent = torch.zeros_like(noise)
-    pos, neg = tiny.make_conditioning(model, 1234), tiny.make_conditioning(model, 1235)
-    return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", pos, neg, latent, seed=0, disable_pbar=True)
-
-
-def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
+def zero_then_merged(tiny: Any, toma: Any, model: Any, pos: list, neg: list, steps: int = 4) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """With this conditioning, ratio 0 (every block) must equal the unpatched model bit for bit;
+    then (unpatched output, output at ratio 0.5 with every block merged after `steps` steps,
+    attention lengths of that run)."""
+    baseline = tiny.sample(model, FLUX_LATENT, positive=pos, negative=neg)
+    zero = patch(toma, model, ratio=0.0, blocks="all")
+    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
+    merged, lengths = record_attention(patch(toma, model, blocks="all"))
+    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg, steps=steps)
+    return baseline, out, lengths
 
 
 def test_ratio_zero_is_bit_identical(tiny_flux: Any, tiny: Any, toma: Any) -> None:
@@ -133,11 +100,7 @@ def test_kontext_reference_tokens_pass_through(tiny_flux: Any, tiny: Any, toma: 
     ref = torch.randn((1, 16, 8, 12), generator=torch.Generator().manual_seed(2))
     pos = tiny.make_conditioning(tiny_flux, 1234, reference_latents=[ref])
     neg = tiny.make_conditioning(tiny_flux, 1235)
-    baseline = tiny.sample(tiny_flux, FLUX_LATENT, positive=pos, negative=neg)
-    zero = patch(toma, tiny_flux, ratio=0.0, blocks="all")
-    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
-    merged, lengths = record_attention(patch(toma, tiny_flux, blocks="all"))
-    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg, steps=1)
+    _, out, lengths = zero_then_merged(tiny, toma, tiny_flux, pos, neg, steps=1)
     refs = 4 * 6
     assert sorted(set(lengths)) == [TEXT + 32, TEXT + 32 + refs]  # uncond alone, cond with refs
     assert torch.isfinite(out).all()
@@ -344,11 +307,7 @@ def test_attention_mask_is_merged_with_the_tokens(tiny_flux: Any, tiny: Any, tom
     pos = tiny.make_conditioning(tiny_flux, 1234)
     pos[0][1].update(attention_mask=mask, attention_mask_img_shape=(8, 8))
     neg = tiny.make_conditioning(tiny_flux, 1235)
-    baseline = tiny.sample(tiny_flux, FLUX_LATENT, positive=pos, negative=neg)
-    zero = patch(toma, tiny_flux, ratio=0.0, blocks="all")
-    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
-    merged, lengths = record_attention(patch(toma, tiny_flux, blocks="all"))
-    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg, steps=2)
+    _, out, lengths = zero_then_merged(tiny, toma, tiny_flux, pos, neg, steps=2)
     assert set(lengths) == {TEXT + 32} and torch.isfinite(out).all()
     line = run_lines(caplog)[-1]
     assert "unmerged: none" in line and "16 block runs merged" in line
@@ -364,16 +323,12 @@ def build_tiny_chroma(tiny: Any) -> Any:
         "axes_dim": [4, 6, 6], "theta": 10000, "patch_size": 2, "qkv_bias": True,
         "in_dim": 64, "out_dim": 64, "hidden_dim": 32, "n_layers": 2,
     }
-    return tiny._wrap(tiny._model_config(comfy.supported_models.Chroma, config).get_model({}), 0, 1.0)
+    return tiny.build(comfy.supported_models.Chroma, config)
 
 
 def test_chroma(tiny: Any, toma: Any) -> None:
     chroma = build_tiny_chroma(tiny)
     gen = torch.Generator().manual_seed(0)
     pos, neg = ([[torch.randn(1, 32, 64, generator=gen), {"pooled_output": torch.zeros(1, 8)}]] for _ in range(2))
-    baseline = tiny.sample(chroma, FLUX_LATENT, positive=pos, negative=neg)
-    zero = patch(toma, chroma, ratio=0.0, blocks="all")
-    assert torch.equal(tiny.sample(zero, FLUX_LATENT, positive=pos, negative=neg), baseline)
-    merged, lengths = record_attention(patch(toma, chroma, blocks="all"))
-    out = tiny.sample(merged, FLUX_LATENT, positive=pos, negative=neg)
+    baseline, out, lengths = zero_then_merged(tiny, toma, chroma, pos, neg)
     assert set(lengths) == {32 + 32} and rel(out, baseline) > 1e-3

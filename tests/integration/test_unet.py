@@ -18,69 +18,26 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import compat_support  # noqa: E402
+from compat_support import CLIP_TEXT as TEXT  # noqa: E402
+from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
 from pack import pack_module  # noqa: E402
 
 LATENT = (1, 4, 16, 16)
-RUNTIME_LOGGER = "comfyui_toma_pack.nodes.runtime"
-TEXT = 77
 
 # Merged lengths at ratio 0.5, tile 4: a 16-token tile keeps 8.
 SDXL_PLAIN = [64] * 2 + [16] * 4 + [16] * 2 + [16] * 6 + [64] * 3
 """Query length of attn1 per transformer block, in execution order (input 4,5; 7,8 x2; middle x2; output 0-2 x2; 3-5)."""
 
 
-@pytest.fixture(scope="module")
-def toma(comfy: Any) -> Any:
-    class Modules:
-        patching = pack_module("nodes.patching")
-        settings = pack_module("nodes.settings")
-        core = pack_module("toma_core")
-        runtime = pack_module("nodes.runtime")
-        unet = pack_module("nodes.unet")
-        nodes = pack_module("nodes.toma_nodes")
-
-    return Modules
-
-
-def patch(toma: Any, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
-    schedule = toma.core.MergeSchedule(start, end, every)
-    return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
-
-
 def record_attention(model: Any) -> tuple[Any, list[tuple[int, int]]]:
     """A clone whose attention calls append (query length, key length) to the returned list."""
-    calls: list[tuple[int, int]] = []
-
-    def override(func, q, k, v, heads, *args, **kwargs):
-        dim = 2 if kwargs.get("skip_reshape") else 1
-        calls.append((int(q.shape[dim]), int(k.shape[dim])))
-        return func(q, k, v, heads, *args, **kwargs)
-
-    clone = model.clone()
-    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
-    return clone, calls
+    return compat_support.record_attention(model, lambda batch, q, k: (q, k))
 
 
 def self_attention(calls: list[tuple[int, int]]) -> list[int]:
     """Query lengths of the attn1 calls (attn2 has TEXT keys)."""
     return [q for q, k in calls if k != TEXT]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
-
-
-def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4, cfg: float = 2.0, **kw: Any) -> torch.Tensor:
-    import comfy.sample
-
-    latent = torch.zeros_like(noise)
-    pos = kw.pop("positive", None) or tiny.make_conditioning(model, 1234)
-    neg = kw.pop("negative", None) or tiny.make_conditioning(model, 1235)
-    return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", pos, neg, latent, seed=0, disable_pbar=True, **kw)
 
 
 def tome(model: Any, ratio: float) -> Any:

@@ -177,6 +177,12 @@ def _wrap(model: torch.nn.Module, seed: int, gain: float) -> Any:
     )
 
 
+def build(config_cls: type, unet_config: dict[str, Any], seed: int = 0, gain: float = 1.0) -> Any:
+    """A ``comfy.supported_models`` config class's model built from ``unet_config``, its weights
+    filled by ``init_weights(seed, gain)``, in a ModelPatcher."""
+    return _wrap(_model_config(config_cls, unet_config).get_model({}), seed, gain)
+
+
 def build_flux(seed: int = 0, gain: float = 1.0, **overrides: Any) -> Any:
     """A tiny ``comfy.model_base.Flux`` in a ModelPatcher.
 
@@ -186,27 +192,21 @@ def build_flux(seed: int = 0, gain: float = 1.0, **overrides: Any) -> Any:
     """
     import comfy.supported_models
 
-    unet_config = tiny_flux_config() | overrides
-    model_config = _model_config(comfy.supported_models.Flux, unet_config)
-    return _wrap(model_config.get_model({}), seed, gain)
+    return build(comfy.supported_models.Flux, tiny_flux_config() | overrides, seed, gain)
 
 
 def build_sdxl(seed: int = 0, gain: float = 1.0, **overrides: Any) -> Any:
     """A tiny ``comfy.model_base.SDXL`` (EPS) in a ModelPatcher."""
     import comfy.supported_models
 
-    unet_config = tiny_sdxl_config() | overrides
-    model_config = _model_config(comfy.supported_models.SDXL, unet_config)
-    return _wrap(model_config.get_model({}), seed, gain)
+    return build(comfy.supported_models.SDXL, tiny_sdxl_config() | overrides, seed, gain)
 
 
 def build_sd15(seed: int = 0, gain: float = 1.0, **overrides: Any) -> Any:
     """A tiny SD1.5-topology ``comfy.model_base.BaseModel`` (EPS) in a ModelPatcher."""
     import comfy.supported_models
 
-    unet_config = tiny_sd15_config() | overrides
-    model_config = _model_config(comfy.supported_models.SD15, unet_config)
-    return _wrap(model_config.get_model({}), seed, gain)
+    return build(comfy.supported_models.SD15, tiny_sd15_config() | overrides, seed, gain)
 
 
 def model_family(model_patcher: Any) -> str:
