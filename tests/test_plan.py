@@ -187,3 +187,17 @@ def test_zero_tokens_merge_with_each_other(similarity: str, temperature: float) 
     x[:, ::2] = 0
     plan = make_plan(x, 4, 4, 0.5, 4, similarity=similarity, temperature=temperature)
     torch.testing.assert_close(plan.unmerge(plan.merge(x))[:, ::2], x[:, ::2], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("h,w,t", [(16, 16, 4), (37, 53, 4), (3, 3, 4)])
+def test_cluster_sizes_count_every_token_once(h: int, w: int, t: int, budget: str) -> None:
+    x = tokens(2, h * w, 8)
+    plan = make_plan(x, h, w, 0.5, t, budget=budget)
+    sizes = plan.cluster_sizes()
+    assert sizes.shape == (2, plan.num_kept) and bool((sizes > 0).all())
+    torch.testing.assert_close(sizes.sum(-1), torch.full((2,), float(h * w)))
+    hard = make_plan(x, h, w, 0.5, t, budget=budget, temperature=0.0)
+    members = hard.unmerge(torch.eye(hard.num_kept).expand(2, -1, -1))
+    torch.testing.assert_close(hard.cluster_sizes(), members.sum(1))
+    assert torch.equal(make_plan(x, h, w, 0.0, t).cluster_sizes(), torch.ones(2, h * w))

@@ -51,6 +51,14 @@ class MergePlan:
         """
         return merged_out
 
+    def cluster_sizes(self) -> torch.Tensor:
+        """(B, D) fp32: how many tokens each merged token stands for (soft counts, sum N).
+
+        log(cluster_sizes()) added to a merged key's attention logits makes it weigh as much as
+        its tokens would (proportional attention, as in ToMe for ViTs).
+        """
+        return torch.ones(self.batch, self.num_tokens, device=self.device)
+
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Rows of the destinations along `dim` (size N there, batch 1 or B in dim 0) -> size D.
 
@@ -113,6 +121,9 @@ class TiledMergePlan(MergePlan):
     def merge_matrix(self) -> torch.Tensor:
         """(B, G, k, n) fp32 merge weights; each real row sums to 1."""
         return self._merge
+
+    def cluster_sizes(self) -> torch.Tensor:
+        return self._keep(self.assign.sum(-1).flatten(1).unsqueeze(-1)).squeeze(-1)
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         tiles = self.grid.fold(x)
