@@ -98,17 +98,22 @@ def build_settings(ratio, tile_size, start_percent, end_percent, recompute_every
     return ToMASettings(ratio=float(ratio), tile_size=int(tile_size), schedule=schedule, **advanced)
 
 
+def node_schema(node_id: str, display_name: str, inputs: list) -> io.Schema:
+    """The schema of a ToMA node: its id, name and inputs; category, description and the MODEL output shared."""
+    return io.Schema(
+        node_id=node_id,
+        display_name=display_name,
+        category=CATEGORY,
+        description=DESCRIPTION,
+        inputs=inputs,
+        outputs=[io.Model.Output(tooltip=OUTPUT_TOOLTIP)],
+    )
+
+
 class ToMAPatch(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="ToMAPatch",
-            display_name="ToMA Patch",
-            category=CATEGORY,
-            description=DESCRIPTION,
-            inputs=basic_inputs(),
-            outputs=[io.Model.Output(tooltip=OUTPUT_TOOLTIP)],
-        )
+        return node_schema("ToMAPatch", "ToMA Patch", basic_inputs())
 
     @classmethod
     def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every) -> io.NodeOutput:
@@ -119,14 +124,7 @@ class ToMAPatch(io.ComfyNode):
 class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="ToMAPatchAdvanced",
-            display_name="ToMA Patch (Advanced)",
-            category=CATEGORY,
-            description=DESCRIPTION,
-            inputs=basic_inputs() + advanced_inputs(),
-            outputs=[io.Model.Output(tooltip=OUTPUT_TOOLTIP)],
-        )
+        return node_schema("ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs())
 
     @classmethod
     def execute(
