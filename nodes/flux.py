@@ -136,20 +136,11 @@ def merged_double(args: dict, extra: dict, block: Block) -> dict:
     if ctx is None or not ctx.merge:
         return block(args)
     g = ctx.geometry
-    img, n = args["img"], g.tokens
-    text_len = args["txt"].shape[1]
-    if img.shape[1] != n + g.extra_tokens:
+    img, text_len = args["img"], args["txt"].shape[1]
+    if img.shape[1] != g.tokens + g.extra_tokens:
         ctx.record_block(False, "image tokens differ from the latent grid")
         return block(args)
-    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(img[:, :n]))
-    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, n, text_len + img.shape[1])
-    if why:
-        ctx.record_block(False, why)
-        return block(args)
-    x, x_m, img_m = merge_span(img, 0, n, plan)
-    out = block(dict(args, img=img_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
-    ctx.record_block(True)
-    return dict(out, img=unmerge_span(out["img"], 0, plan, x, x_m))
+    return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
 
 
 def merged_single(args: dict, extra: dict, block: Block) -> dict:
@@ -158,20 +149,32 @@ def merged_single(args: dict, extra: dict, block: Block) -> dict:
     if ctx is None or not ctx.merge:
         return block(args)
     g = ctx.geometry
-    seq, n = args["img"], g.tokens
-    text_len = seq.shape[1] - n - g.extra_tokens
+    seq = args["img"]
+    text_len = seq.shape[1] - g.tokens - g.extra_tokens
     if text_len < 0:
         ctx.record_block(False, "image tokens differ from the latent grid")
         return block(args)
-    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(seq[:, text_len:text_len + n]))
-    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, n, seq.shape[1])
+    return _merged_block(args, block, ctx, text_len, text_len, seq.shape[1])
+
+
+def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_len: int, length: int) -> dict:
+    """Run `block` on merged image tokens and unmerge its output.
+
+    The N image tokens sit at [start, start+N) of args img and at [text_len, text_len+N) of the
+    block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows).
+    A mask of another layout runs the block unmerged.
+    """
+    g = ctx.geometry
+    seq, n = args["img"], g.tokens
+    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(seq[:, start:start + n]))
+    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, n, length)
     if why:
         ctx.record_block(False, why)
         return block(args)
-    x, x_m, seq_m = merge_span(seq, text_len, n, plan)
+    x, x_m, seq_m = merge_span(seq, start, n, plan)
     out = block(dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
     ctx.record_block(True)
-    return dict(out, img=unmerge_span(out["img"], text_len, plan, x, x_m))
+    return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))
 
 
 def features(x: torch.Tensor) -> torch.Tensor:
