@@ -134,6 +134,17 @@ def time_calls(patcher, call: Callable[[], torch.Tensor], args: argparse.Namespa
     return [bench_common.timed_ms(call, args, clock) for _ in range(args.calls)]
 
 
+def round_robin(configs: dict[str, object], calls: dict[str, Callable[[], torch.Tensor]],
+                args: argparse.Namespace) -> dict[str, list[float]]:
+    """ms of every timed call per configuration: --rounds rounds in which the configurations take
+    turns (time_calls each), so that load drift on a shared machine hits all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(args.rounds):
+        for name, patcher in configs.items():
+            times[name] += time_calls(patcher, calls[name], args)
+    return times
+
+
 def level_tokens(args: argparse.Namespace, ratio: float) -> str:
     """N -> D of the two transformer levels, e.g. "784->392, 196->98"."""
     from pack import pack_module
@@ -163,10 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     base = build_model(args)
     configs = configurations(base, args)
     calls = {name: make_call(patcher, args) for name, patcher in configs.items()}
-    times: dict[str, list[float]] = {name: [] for name in configs}
-    for _ in range(args.rounds):
-        for name, patcher in configs.items():
-            times[name] += time_calls(patcher, calls[name], args)
+    times = round_robin(configs, calls, args)
     config = unet_config(args)
     print(bench_common.run_header(root, args) + f"SDXL topology, model_channels {config['model_channels']}, context "
           f"{config['context_dim']}, latent {args.latent}x{args.latent}, batch {args.batch}, tile {args.tile_size}; "

@@ -214,10 +214,7 @@ def sdxl_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> Fami
         return calls[name]()
 
     ref = output("unpatched")
-    times: dict[str, list[float]] = {name: [] for name in configs}
-    for _ in range(args.rounds):
-        for name, patcher in configs.items():
-            times[name] += bench_sdxl.time_calls(patcher, calls[name], args)
+    times = bench_sdxl.round_robin(configs, calls, args)
     repeat = relative_error(output("unpatched"), ref)
     ms = {name: statistics.median(values) for name, values in times.items()}
     tokens = {name: _sdxl_tokens(args, _ratio(name) if name.startswith("ToMA") else 0.0) for name in configs}
