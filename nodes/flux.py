@@ -171,6 +171,8 @@ def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_l
     if why:
         ctx.record_block(False, why)
         return block(args)
+    bias = plan.size_bias() if ctx.settings.proportional_attention else None
+    mask = add_key_bias(mask, bias, text_len, length - n + plan.num_kept, seq.dtype)
     x, x_m, seq_m = merge_span(seq, start, n, plan)
     out = block(dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
     ctx.record_block(True)
@@ -230,3 +232,23 @@ def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, l
         mask = mask.unsqueeze(0)
     rows = merge_rows(mask, mask.ndim - 2, start, n, plan)
     return merge_rows(rows, rows.ndim - 1, start, n, plan), None
+
+
+def add_key_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, start: int, length: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """Proportional attention: add bias (B, D), the merged tokens' log cluster sizes, to the
+    logits of keys [start, start+D) of a length-L attention ("proportional attention", Bolya et
+    al., Token Merging: Your ViT but Faster, ICLR 2023, §3); text and reference keys get 0. An existing merged mask (bool or additive, 2-4
+    dims) is kept. Returns an additive (B, H|1, L|1, L) mask in `dtype`, or `mask` when bias is None.
+    """
+    if bias is None:
+        return mask
+    b, d = bias.shape
+    row = torch.zeros(b, length, dtype=dtype, device=bias.device)
+    row = torch.cat([row[:, :start], bias.to(dtype), row[:, start + d:]], dim=1).view(b, 1, 1, length)
+    if mask is None:
+        return row
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    while mask.ndim < 4:
+        mask = mask.unsqueeze(-3) if mask.ndim == 3 else mask.unsqueeze(0)
+    return mask.to(dtype) + row

@@ -38,7 +38,8 @@ class ToMASettings:
     similarity: one of toma_core.SIMILARITIES. temperature: softmax temperature of the
     token -> destination assignment (0 = hard). budget: one of toma_core.BUDGETS ("tile": every
     tile keeps the same share, as in the paper; "adaptive": the same total per sample, shared out
-    by content). scope: one of SCOPES. verbose: log per-call detail.
+    by content). proportional_attention: add log(cluster size) to each merged key's attention
+    logits (Flux family only). scope: one of SCOPES. verbose: log per-call detail.
     """
 
     ratio: float = 0.5
@@ -49,6 +50,7 @@ class ToMASettings:
     similarity: str = "cosine"
     temperature: float = 1e-3
     budget: str = "tile"
+    proportional_attention: bool = False
     scope: str = "block"
     verbose: bool = False
 
@@ -67,8 +69,9 @@ class ToMASettings:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
         if not isinstance(self.blocks, str) or not self.blocks.strip():
             raise ValueError(f"blocks={self.blocks!r} must be a non-empty string: 'auto', 'all' or a block list")
-        if not isinstance(self.verbose, bool):
-            raise ValueError(f"verbose={self.verbose!r} must be True or False")
+        for name in ("verbose", "proportional_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
 
     @property
     def merges(self) -> bool:
@@ -80,6 +83,7 @@ class ToMASettings:
         s = self.schedule
         return (
             f"ratio {self.ratio:g}, tile {self.tile_size}, budget {self.budget}, blocks {self.blocks}, "
+            f"{'proportional attention, ' if self.proportional_attention else ''}"
             f"window {s.start_percent:g}-{s.end_percent:g}, recompute every {s.recompute_every}"
         )
 

@@ -79,6 +79,12 @@ def advanced_inputs() -> list:
             tooltip="tile: every tile keeps the same share of tokens (paper). adaptive: the same total, "
             "shared out by content — flat regions give up more tokens, detailed ones keep more.",
         ),
+        io.Boolean.Input(
+            "proportional_attention", default=False,
+            tooltip="Flux family only: each merged token weighs in attention as much as the tokens it "
+            "stands for (log cluster size added to its attention logits). Closer to the unmerged "
+            "attention; adds an attention bias, which some fast attention kernels do not take.",
+        ),
         io.Combo.Input(
             "scope", options=list(SCOPES), default=SCOPES[0],
             tooltip="block: whole transformer blocks run on merged tokens (fastest). attention: only "
@@ -129,14 +135,13 @@ class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def execute(
         cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
-        blocks, min_tokens, similarity, temperature, scope, verbose, budget=BUDGETS[0],
+        blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose,
     ) -> io.NodeOutput:
-        # ComfyUI passes inputs by name; budget comes last here (with its default) so calls that
-        # pass the older inputs positionally keep working.
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, blocks=blocks,
             min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
-            budget=budget, scope=scope, verbose=bool(verbose),
+            budget=budget, proportional_attention=bool(proportional_attention), scope=scope,
+            verbose=bool(verbose),
         )
         return io.NodeOutput(patch_model(model, settings))
 

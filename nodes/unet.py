@@ -93,6 +93,11 @@ def apply(model, settings: ToMASettings) -> UNetAdapter:
 
     Raises ValueError for a bad `blocks` string, a video UNet, or a selection with no block.
     """
+    if settings.proportional_attention:
+        raise ValueError(
+            "proportional_attention=True is available for Flux-family models only (UNet attention "
+            "takes no bias); turn it off for SDXL / SD1.5"
+        )
     unet = model.get_model_object("diffusion_model")
     spec = parse_unet_blocks(settings.blocks)
     sites = find_sites(unet)

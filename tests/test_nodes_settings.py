@@ -34,6 +34,7 @@ def test_defaults_are_valid_and_match_issue():
         ({"scope": "ff"}, ["scope='ff'", "block", "attention"]),
         ({"blocks": " "}, ["blocks=' '"]),
         ({"verbose": 1}, ["verbose=1"]),
+        ({"proportional_attention": "yes"}, ["proportional_attention='yes'", "True or False"]),
     ],
 )
 def test_bad_values_name_value_and_range(kwargs, words):
@@ -48,6 +49,12 @@ def test_settings_are_frozen_and_hashable():
     with pytest.raises(AttributeError):
         s.ratio = 0.1  # type: ignore[misc]
     assert hash(s) == hash(ToMASettings())
+
+
+def test_proportional_attention_is_off_by_default_and_described():
+    assert ToMASettings().proportional_attention is False
+    assert "proportional attention" not in ToMASettings().describe()
+    assert "proportional attention" in ToMASettings(proportional_attention=True).describe()
 
 
 @pytest.mark.parametrize("budget", ["tile", "adaptive"])

@@ -201,3 +201,5 @@ def test_cluster_sizes_count_every_token_once(h: int, w: int, t: int, budget: st
     members = hard.unmerge(torch.eye(hard.num_kept).expand(2, -1, -1))
     torch.testing.assert_close(hard.cluster_sizes(), members.sum(1))
     assert torch.equal(make_plan(x, h, w, 0.0, t).cluster_sizes(), torch.ones(2, h * w))
+    torch.testing.assert_close(plan.size_bias(), sizes.log())
+    assert make_plan(x, h, w, 0.0, t).size_bias() is None

@@ -18,7 +18,7 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 MAX_THUMBNAIL_BYTES = 300_000
 
 BASIC_WIDGETS = 5  # ratio, tile_size, start_percent, end_percent, recompute_every
-ADVANCED_WIDGETS = BASIC_WIDGETS + 7  # blocks, min_tokens, similarity, temperature, budget, scope, verbose
+ADVANCED_WIDGETS = BASIC_WIDGETS + 8  # blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose
 WIDGET_COUNTS = {"ToMAPatch": BASIC_WIDGETS, "ToMAPatchAdvanced": ADVANCED_WIDGETS}
 
 

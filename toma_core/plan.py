@@ -59,6 +59,12 @@ class MergePlan:
         """
         return torch.ones(self.batch, self.num_tokens, device=self.device)
 
+    def size_bias(self) -> torch.Tensor | None:
+        """(B, D) fp32 log cluster sizes, to add to the merged keys' attention logits so each
+        merged token weighs as much as the tokens it stands for (proportional attention, as in
+        ToMe for ViTs). None for the no-op plan: there is nothing to correct."""
+        return None
+
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Rows of the destinations along `dim` (size N there, batch 1 or B in dim 0) -> size D.
 
@@ -124,6 +130,9 @@ class TiledMergePlan(MergePlan):
 
     def cluster_sizes(self) -> torch.Tensor:
         return self._keep(self.assign.sum(-1).flatten(1).unsqueeze(-1)).squeeze(-1)
+
+    def size_bias(self) -> torch.Tensor | None:
+        return self.cluster_sizes().log()
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         tiles = self.grid.fold(x)

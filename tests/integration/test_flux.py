@@ -245,7 +245,9 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert [i.id for i in basic.inputs] == ["model", "ratio", "tile_size", "start_percent", "end_percent", "recompute_every"]
     advanced = nodes.ToMAPatchAdvanced.define_schema()
     assert advanced.display_name == "ToMA Patch (Advanced)"
-    assert [i.id for i in advanced.inputs][6:] == ["blocks", "min_tokens", "similarity", "temperature", "budget", "scope", "verbose"]
+    assert [i.id for i in advanced.inputs][6:] == [
+        "blocks", "min_tokens", "similarity", "temperature", "budget", "proportional_attention", "scope", "verbose",
+    ]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description
         assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
@@ -255,15 +257,16 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert torch.equal(tiny.sample(out.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))
     with pytest.raises(ValueError, match="ratio=0.99"):
         nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1)
-    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "block", False)
+    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False)
     assert torch.equal(tiny.sample(adv.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))  # min_tokens
     adaptive = nodes.ToMAPatchAdvanced.execute(
         tiny_flux, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
-        budget="adaptive", scope="block", verbose=False,
+        budget="adaptive", proportional_attention=True, scope="block", verbose=False,
     )
-    assert adaptive.result[0].model_options["transformer_options"][toma.settings.TOMA_KEY].config.settings.budget == "adaptive"
+    chosen = adaptive.result[0].model_options["transformer_options"][toma.settings.TOMA_KEY].config.settings
+    assert (chosen.budget, chosen.proportional_attention) == ("adaptive", True)
     with pytest.raises(ValueError, match="budget='global'"):
-        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "block", False, budget="global")
+        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "global", False, "block", False)
 
 
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
@@ -332,3 +335,33 @@ def test_chroma(tiny: Any, toma: Any) -> None:
     pos, neg = ([[torch.randn(1, 32, 64, generator=gen), {"pooled_output": torch.zeros(1, 8)}]] for _ in range(2))
     baseline, out, lengths = zero_then_merged(tiny, toma, chroma, pos, neg)
     assert set(lengths) == {32 + 32} and rel(out, baseline) > 1e-3
+
+
+def record_masks(model: Any) -> tuple[Any, list]:
+    """A clone of `model` whose attention calls append (key length, mask or None)."""
+    calls: list = []
+
+    def override(func, q, k, v, heads, *args, **kwargs):
+        calls.append((int(k.shape[2 if kwargs.get("skip_reshape") else 1]), kwargs.get("mask")))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    return clone, calls
+
+
+def test_proportional_attention_biases_merged_keys_by_cluster_size(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    """Each merged key's logit gets log(cluster size): text keys 0, image keys' exp sum to N."""
+    zero = patch(toma, tiny_flux, 0.0, blocks="all", proportional_attention=True)
+    assert torch.equal(tiny.sample(zero, FLUX_LATENT, steps=2), tiny.sample(tiny_flux, FLUX_LATENT, steps=2))
+    recorded, calls = record_masks(patch(toma, tiny_flux, 0.5, blocks="all", proportional_attention=True))
+    out = tiny.sample(recorded, FLUX_LATENT, steps=2, cfg=1.0)
+    n = (FLUX_LATENT[2] // 2) * (FLUX_LATENT[3] // 2)
+    assert calls and all(length == TEXT + n // 2 for length, _ in calls)
+    for length, mask in calls:
+        assert mask is not None and mask.shape == (1, 1, 1, length)
+        assert torch.equal(mask[..., :TEXT], torch.zeros_like(mask[..., :TEXT]))
+        torch.testing.assert_close(mask[..., TEXT:].float().exp().sum(), torch.tensor(float(n)))
+        assert float(mask[..., TEXT:].max()) > 0, "some merged token stands for more than one token"
+    plain = tiny.sample(patch(toma, tiny_flux, 0.5, blocks="all"), FLUX_LATENT, steps=2, cfg=1.0)
+    assert rel(out, plain) > 1e-4

@@ -187,6 +187,7 @@ def expected() -> dict[str, Any]:
             "similarity": ("COMBO", defaults.similarity, tuple(core.SIMILARITIES), None),
             "temperature": ("FLOAT", defaults.temperature, *settings.TEMPERATURE_RANGE),
             "budget": ("COMBO", defaults.budget, tuple(core.BUDGETS), None),
+            "proportional_attention": ("BOOLEAN", defaults.proportional_attention, None, None),
             "scope": ("COMBO", defaults.scope, tuple(settings.SCOPES), None),
             "verbose": ("BOOLEAN", defaults.verbose, None, None),
         },
