@@ -98,12 +98,13 @@ def ideal_grid(tokens: int, like: tuple[int, int]) -> tuple[int, int]:
     return best
 
 
-def patch(patcher, ratio: float, args: argparse.Namespace):
+def patch(patcher, ratio: float, args: argparse.Namespace, **options):
+    """ToMA on every block at `ratio`; options are further ToMASettings (e.g. proportional_attention)."""
     from pack import pack_module
 
     settings = pack_module("nodes.settings")
     patching = pack_module("nodes.patching")
-    return patching.patch_model(patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all"))
+    return patching.patch_model(patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", **options))
 
 
 def kept_tokens(ratio: float, args: argparse.Namespace) -> int:

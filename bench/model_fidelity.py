@@ -13,7 +13,8 @@ inputs. For every configuration this measures, in one process:
 - ms/call: median ms per model call after warm-up (the benches' own round-robin loops), and the
   speed-up against the unpatched model timed in the same loop (on the first seed's weights).
 
-Flux rows: unpatched, ToMA per ratio (every block merged), and "ideal" (the unpatched model on a
+Flux rows: unpatched, ToMA per ratio (every block merged), ToMA-prop (the same with proportional
+attention: log cluster size on the merged keys' logits), and "ideal" (the unpatched model on a
 grid of D tokens: the speed a merge with zero overhead would give; it has no error of its own).
 SDXL rows: unpatched, ToMA per ratio (whole blocks), ToMA with scope "attention", and ComfyUI's
 built-in ToMe (TomePatchModel). The latent is pure noise at the first sampling step and the
@@ -101,13 +102,14 @@ def perturbed(base, scale: float, seed: int = 1):
 
 
 def _kind(name: str) -> str:
-    """Row kind from a configuration name such as "ToMA 0.5" or "ToMA-attn 0.5"."""
+    """Row kind from a configuration name such as "ToMA 0.5", "ToMA-prop 0.5" or "ToMA-attn 0.5"."""
     head = name.split()[0].lower()
-    return {"toma": "toma", "toma-attn": "toma-attn", "tome": "tome", "ideal": "ideal", "input": "perturb"}.get(head, "unpatched")
+    kinds = {"toma": "toma", "toma-prop": "toma-prop", "toma-attn": "toma-attn", "tome": "tome", "ideal": "ideal", "input": "perturb"}
+    return kinds.get(head, "unpatched")
 
 
 def _ratio(name: str) -> float:
-    return float(name.split()[-1]) if name.split()[0] in ("ToMA", "ToMA-attn", "ToMe", "ideal") else 0.0
+    return float(name.split()[-1]) if name.split()[0] in ("ToMA", "ToMA-prop", "ToMA-attn", "ToMe", "ideal") else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,10 +133,17 @@ def _flux_errors(args: argparse.Namespace, seed: int) -> dict[str, float]:
     base = bench_flux.build_model(args)
     full = (args.grid, args.grid)
     ref = bench_flux.make_call(base, args, full)()
-    errors = {f"ToMA {r:g}": relative_error(bench_flux.make_call(bench_flux.patch(base, r, args), args, full)(), ref)
-              for r in args.ratios}
+    errors = {name: relative_error(bench_flux.make_call(patcher, args, full)(), ref)
+              for name, patcher in flux_configurations(base, args).items()}
     errors[PERTURB_NAME] = relative_error(bench_flux.make_call(perturbed(base, PERTURB), args, full)(), ref)
     return errors
+
+
+def flux_configurations(base, args: argparse.Namespace) -> dict[str, object]:
+    """ToMA per ratio, then ToMA with proportional attention per ratio, on every block."""
+    configs = {f"ToMA {r:g}": bench_flux.patch(base, r, args) for r in args.ratios}
+    configs |= {f"ToMA-prop {r:g}": bench_flux.patch(base, r, args, proportional_attention=True) for r in args.ratios}
+    return configs
 
 
 def flux_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> FamilyResult:
@@ -148,9 +157,9 @@ def flux_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> Fami
     n = args.grid * args.grid
     calls = {"unpatched": bench_flux.make_call(base, args, full)}
     tokens = {"unpatched": f"{n}", PERTURB_NAME: f"{n}"}
-    for r in args.ratios:
-        calls[f"ToMA {r:g}"] = bench_flux.make_call(bench_flux.patch(base, r, args), args, full)
-        tokens[f"ToMA {r:g}"] = f"{n}->{bench_flux.kept_tokens(r, args)}"
+    for name, patcher in flux_configurations(base, args).items():
+        calls[name] = bench_flux.make_call(patcher, args, full)
+        tokens[name] = f"{n}->{bench_flux.kept_tokens(_ratio(name), args)}"
     for r in args.ratios:
         d = bench_flux.kept_tokens(r, args)
         calls[f"ideal {r:g}"] = bench_flux.make_call(base, args, bench_flux.ideal_grid(d, full))
@@ -287,7 +296,8 @@ def plot_family(result: FamilyResult, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    styles = {"toma": ("o-", "C0", "ToMA (block)"), "toma-attn": ("s", "C2", "ToMA (scope attention)"),
+    styles = {"toma": ("o-", "C0", "ToMA (block)"), "toma-prop": ("D-", "C4", "ToMA + proportional attention"),
+              "toma-attn": ("s", "C2", "ToMA (scope attention)"),
               "tome": ("^", "C3", "built-in ToMe")}
     fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=110)
     for kind, (marker, color, label) in styles.items():

@@ -49,7 +49,9 @@ import model_fidelity  # noqa: E402  (also puts tests/ and tests/integration/ on
 
 SECTIONS = ("core", "flux", "sdxl", "tokens")
 ROW_NOTES = {
-    "flux": "ToMA r: every block merged at ratio r, a plan built in every call; ideal r: the unpatched "
+    "flux": "ToMA r: every block merged at ratio r, a plan built in every call; ToMA-prop r: the same with "
+            "proportional attention (the advanced node's proportional_attention: log cluster size added to "
+            "the merged keys' logits); ideal r: the unpatched "
             "model on a grid of D tokens (what a merge with zero overhead would give; no error of its own). "
             + "{perturb}",
     "sdxl": "ToMA r: whole transformer blocks merged (blocks auto), a plan built in every call; ToMA-attn: "
