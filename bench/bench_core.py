@@ -68,6 +68,8 @@ def main() -> None:
     parser.add_argument("--tile-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "error: --device cuda asked for, but torch sees no CUDA device (use --device cpu)\n")
     torch.manual_seed(0)
     dtype, n = DTYPES[args.dtype], args.grid * args.grid
     block = FluxWidthBlock(args.width, max(1, args.width // 128)).to(args.device, dtype)

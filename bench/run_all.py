@@ -433,6 +433,9 @@ def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"error: --device {args.device} asked for, but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     preset = preset_for(args)
