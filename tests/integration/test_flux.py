@@ -365,3 +365,37 @@ def test_proportional_attention_biases_merged_keys_by_cluster_size(tiny_flux: An
         assert float(mask[..., TEXT:].max()) > 0, "some merged token stands for more than one token"
     plain = tiny.sample(patch(toma, tiny_flux, 0.5, blocks="all"), FLUX_LATENT, steps=2, cfg=1.0)
     assert rel(out, plain) > 1e-4
+
+
+def tiny_flux_controlnet(tiny: Any) -> Any:
+    """An XLabs-style ControlNetFlux with the tiny Flux's config and random weights, as
+    comfy.controlnet.load_controlnet_flux_xlabs_mistoline wraps it (hint image at 8x the latent)."""
+    import comfy.controlnet
+    import comfy.ldm.flux.controlnet
+    import comfy.model_management as mm
+    import comfy.ops
+
+    config = {k: v for k, v in tiny.tiny_flux_config().items() if k != "image_model"}
+    net = comfy.ldm.flux.controlnet.ControlNetFlux(operations=comfy.ops.disable_weight_init, **config)
+    tiny.init_weights(net, seed=21)
+    return comfy.controlnet.ControlNet(net, load_device=mm.get_torch_device(), extra_conds=["y", "guidance"])
+
+
+def test_flux_controlnet_residuals_reach_merged_blocks(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    """ControlNet residuals are added to all N image tokens after each block (issue 7 point 6)."""
+    control = tiny_flux_controlnet(tiny)
+    hint = torch.rand((1, 3, FLUX_LATENT[2] * 8, FLUX_LATENT[3] * 8), generator=torch.Generator().manual_seed(1))
+
+    def conditioning(strength: float) -> list:
+        ((ctx, extras),) = tiny.make_conditioning(tiny_flux, 1234)
+        return [[ctx, dict(extras, control=control.copy().set_cond_hint(hint, strength), control_apply_to_uncond=False)]]
+
+    n = (FLUX_LATENT[2] // 2) * (FLUX_LATENT[3] // 2)
+    plain = tiny.sample(tiny_flux, FLUX_LATENT, positive=conditioning(1.0), steps=2)
+    zero = tiny.sample(patch(toma, tiny_flux, 0.0, blocks="all"), FLUX_LATENT, positive=conditioning(1.0), steps=2)
+    assert torch.equal(zero, plain)
+    recorded, calls = compat_support.record_attention(patch(toma, tiny_flux, 0.5, blocks="all"))
+    strong = tiny.sample(recorded, FLUX_LATENT, positive=conditioning(1.0), steps=2)
+    weak = tiny.sample(patch(toma, tiny_flux, 0.5, blocks="all"), FLUX_LATENT, positive=conditioning(0.0), steps=2)
+    assert torch.isfinite(strong).all() and rel(strong, weak) > 1e-4 and rel(strong, plain) > 1e-4
+    assert calls and {k for _, _, k in calls} == {TEXT + n // 2}, "every main-model block ran merged"
