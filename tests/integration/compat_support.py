@@ -52,14 +52,16 @@ def patch(toma: Toma, model: Any, ratio: float = 0.5, start: float = 0.0, end: f
     return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
 
 
-def record_attention(model: Any, entry: Callable[[int, int, int], Any] = lambda batch, q, k: (batch, q, k)) -> tuple[Any, list]:
-    """A clone of `model` whose attention calls append ``entry(batch, query length, key length)``
-    (by default that tuple) to the returned list."""
+def record_attention(
+    model: Any, entry: Callable[[int, int, int, Any], Any] = lambda batch, q, k, mask: (batch, q, k),
+) -> tuple[Any, list]:
+    """A clone of `model` whose attention calls append ``entry(batch, query length, key length,
+    mask or None)`` (by default the first three) to the returned list."""
     calls: list = []
 
     def override(func, q, k, v, heads, *args, **kwargs):
         dim = 2 if kwargs.get("skip_reshape") else 1
-        calls.append(entry(int(q.shape[0]), int(q.shape[dim]), int(k.shape[dim])))
+        calls.append(entry(int(q.shape[0]), int(q.shape[dim]), int(k.shape[dim]), kwargs.get("mask")))
         return func(q, k, v, heads, *args, **kwargs)
 
     clone = model.clone()

@@ -22,7 +22,7 @@ from tiny_models import FLUX_LATENT  # noqa: E402
 
 def record_attention(model: Any) -> tuple[Any, list[int]]:
     """A clone of `model` whose attention calls append their sequence length to the returned list."""
-    return compat_support.record_attention(model, lambda batch, q, k: q)
+    return compat_support.record_attention(model, lambda batch, q, k, mask: q)
 
 
 def zero_then_merged(tiny: Any, toma: Any, model: Any, pos: list, neg: list, steps: int = 4) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -337,24 +337,13 @@ def test_chroma(tiny: Any, toma: Any) -> None:
     assert set(lengths) == {32 + 32} and rel(out, baseline) > 1e-3
 
 
-def record_masks(model: Any) -> tuple[Any, list]:
-    """A clone of `model` whose attention calls append (key length, mask or None)."""
-    calls: list = []
-
-    def override(func, q, k, v, heads, *args, **kwargs):
-        calls.append((int(k.shape[2 if kwargs.get("skip_reshape") else 1]), kwargs.get("mask")))
-        return func(q, k, v, heads, *args, **kwargs)
-
-    clone = model.clone()
-    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
-    return clone, calls
-
-
 def test_proportional_attention_biases_merged_keys_by_cluster_size(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     """Each merged key's logit gets log(cluster size): text keys 0, image keys' exp sum to N."""
     zero = patch(toma, tiny_flux, 0.0, blocks="all", proportional_attention=True)
     assert torch.equal(tiny.sample(zero, FLUX_LATENT, steps=2), tiny.sample(tiny_flux, FLUX_LATENT, steps=2))
-    recorded, calls = record_masks(patch(toma, tiny_flux, 0.5, blocks="all", proportional_attention=True))
+    recorded, calls = compat_support.record_attention(
+        patch(toma, tiny_flux, 0.5, blocks="all", proportional_attention=True), lambda batch, q, k, mask: (k, mask),
+    )
     out = tiny.sample(recorded, FLUX_LATENT, steps=2, cfg=1.0)
     n = (FLUX_LATENT[2] // 2) * (FLUX_LATENT[3] // 2)
     assert calls and all(length == TEXT + n // 2 for length, _ in calls)

@@ -32,7 +32,7 @@ SDXL_PLAIN = [64] * 2 + [16] * 4 + [16] * 2 + [16] * 6 + [64] * 3
 
 def record_attention(model: Any) -> tuple[Any, list[tuple[int, int]]]:
     """A clone whose attention calls append (query length, key length) to the returned list."""
-    return compat_support.record_attention(model, lambda batch, q, k: (q, k))
+    return compat_support.record_attention(model, lambda batch, q, k, mask: (q, k))
 
 
 def self_attention(calls: list[tuple[int, int]]) -> list[int]:
