@@ -243,8 +243,7 @@ def add_key_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, start: in
     if bias is None:
         return mask
     b, d = bias.shape
-    row = torch.zeros(b, length, dtype=dtype, device=bias.device)
-    row = torch.cat([row[:, :start], bias.to(dtype), row[:, start + d:]], dim=1).view(b, 1, 1, length)
+    row = F.pad(bias.to(dtype), (start, length - start - d)).view(b, 1, 1, length)
     if mask is None:
         return row
     if mask.dtype == torch.bool:
