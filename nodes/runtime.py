@@ -112,6 +112,8 @@ class RunStats:
     merged_per_step: Counter = field(default_factory=Counter)
     compiled: bool = False
     """The model ran under torch.compile: blocks cannot count, so no per-block accounting."""
+    failed: bool = False
+    """The sampling run raised: its counts are partial, and a missing block run proves no bypass."""
 
 
 class RunState:
@@ -286,6 +288,9 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         sampling = guider.model_patcher.get_model_object("model_sampling")
         state.begin_run(sampling.percent_to_sigma, args[3] if len(args) > 3 else kwargs.get("sigmas"))
         return executor(*args, **kwargs)
+    except BaseException:
+        state.stats.failed = True  # issue 10: a run that died (e.g. another node's crash) is no bypass
+        raise
     finally:
         guider.model_options = original
         orphans = sum(_ORPHANS.values()) - orphans_before
@@ -415,7 +420,9 @@ def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int) -> st
     if orphan_blocks:
         unmerged.append(f"{orphan_blocks} block runs without transformer_options")
     parts.append("unmerged: " + (", ".join(unmerged) if unmerged else "none"))
-    if stats.compiled:
+    if stats.failed:
+        parts.append("the sampling run stopped with an error; counts are partial")
+    elif stats.compiled:
         parts.append("torch.compile: block runs are not counted")
     elif _bypassed(config, stats, orphan_blocks):
         parts.append(f"ToMA was bypassed: none of its block hooks ran in {stats.eligible_calls} merge-eligible calls")
@@ -426,7 +433,7 @@ def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int) -> st
 def _bypassed(config: ToMAConfig, stats: RunStats, orphans: int) -> bool:
     """Merge-eligible calls ran, yet no block hook ran at all (not knowable under torch.compile)."""
     hooked = stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + orphans
-    return bool(config.adapter.num_blocks and stats.eligible_calls and not hooked and not stats.compiled)
+    return bool(config.adapter.num_blocks and stats.eligible_calls and not hooked and not stats.compiled and not stats.failed)
 
 
 def _warn_bypass(state: RunState, orphans: int) -> None:

@@ -227,6 +227,23 @@ def test_loop_that_bypasses_object_patches_is_reported_sdxl(tiny_sdxl: Any, tiny
     assert "bypassed" in run_lines(logs)[-1]
 
 
+def test_run_that_raises_is_not_reported_as_a_bypass(tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """Issue 10: another node crashing before any block ran (MagCache on a short run) is reported
+    as a failed run, not as "another node replaced the model's forward loop"."""
+
+    class Crash(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("another pack's own crash")
+
+    other = tiny_flux.clone()
+    other.add_object_patch("diffusion_model.img_in", Crash())  # inside the model call, before any block
+    with pytest.raises(RuntimeError, match="another pack's own crash"):
+        tiny.sample(toma.patch(other), FLUX_LATENT, steps=2)
+    assert warnings_of(logs) == []
+    line = run_lines(logs)[-1]
+    assert "stopped with an error" in line and "bypassed" not in line
+
+
 def test_not_a_native_flux_module_is_refused(tiny_flux: Any, toma: Toma) -> None:
     """Nunchaku-style: the diffusion model swapped for a wrapper that only looks like Flux."""
 
