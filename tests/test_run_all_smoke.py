@@ -26,7 +26,8 @@ import comfy_env  # noqa: E402
 def _comfy_or_skip() -> Path:
     root = comfy_env.find_comfy_root()
     if root is None:
-        pytest.skip("ComfyUI not found (set COMFYUI_PATH); bench/run_all.py's model sections need it")
+        tried = ", ".join(str(p) for p in comfy_env.candidate_paths())
+        comfy_env.missing(f"ComfyUI not found (set COMFYUI_PATH; tried {tried}); bench/run_all.py's model sections need it")
     return root
 
 
@@ -41,7 +42,7 @@ def test_run_all_smoke(tmp_path):
     sections = results["sections"]
     skipped = sections["flux"].get("skipped")
     if skipped and "ComfyUI unavailable" in skipped:
-        pytest.skip(skipped)
+        comfy_env.missing(skipped)
     assert set(sections) == {"core", "flux", "sdxl", "tokens"}
     assert not any("skipped" in s for s in sections.values()), sections
     for family in ("flux", "sdxl"):

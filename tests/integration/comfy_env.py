@@ -2,9 +2,12 @@
 
 ComfyUI is not a PyPI package: tests run against a source checkout kept outside this repository.
 Search order: ``$COMFYUI_PATH``; the ComfyUI root two folders above this pack when the pack sits
-in ``ComfyUI/custom_nodes/``; ``~/comfy/ComfyUI``. Importing ComfyUI needs its requirements
+in ``ComfyUI/custom_nodes/``; ``~/comfy/ComfyUI``; ``../shared/ComfyUI`` beside this repository
+(the read-only copy on the project's machines and in CI). Importing ComfyUI needs its requirements
 (torch, a torchvision that loads, einops, transformers, ...); when they are missing the caller gets
-a skip reason, never an exception.
+a skip reason, never an exception. Where ComfyUI is required (``CI=true`` or
+``TOMA_REQUIRE_COMFYUI=1``, set by ``.ci/run``), the tests fail with that reason instead of
+skipping (issue 10).
 
 Without ``main.py``, ``comfy.cli_args.args.cpu`` must be set before ``comfy.model_management`` is
 first imported, or ComfyUI picks the accelerator itself. Set ``COMFYUI_USE_GPU=1`` to leave the
@@ -17,6 +20,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +28,9 @@ PACK_ROOT = Path(__file__).resolve().parents[2]
 """Root of this node pack (the folder holding ``tests/``)."""
 
 DEFAULT_COMFY_PATH = Path("~/comfy/ComfyUI").expanduser()
+
+SHARED_COMFY_PATH = PACK_ROOT.parent / "shared" / "ComfyUI"
+"""The project machines' and CI's read-only ComfyUI, beside the repository (issue 10)."""
 
 _MARKER = Path("comfy") / "model_management.py"
 
@@ -41,7 +48,22 @@ def candidate_paths() -> list[Path]:
         candidates.append(Path(env).expanduser())
     candidates.append(PACK_ROOT.parent.parent)
     candidates.append(DEFAULT_COMFY_PATH)
+    candidates.append(SHARED_COMFY_PATH)
     return candidates
+
+
+def comfy_required() -> bool:
+    """True in CI (``CI=true``) or with ``TOMA_REQUIRE_COMFYUI=1``: no ComfyUI is a failure, not a skip."""
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get("TOMA_REQUIRE_COMFYUI") == "1"
+
+
+def missing(reason: str) -> NoReturn:
+    """Skip the calling test with ``reason``, or fail it where ComfyUI is required."""
+    import pytest
+
+    if comfy_required():
+        pytest.fail(f"ComfyUI is required here (CI=true or TOMA_REQUIRE_COMFYUI=1): {reason}")
+    pytest.skip(reason)
 
 
 def find_comfy_root() -> Path | None:

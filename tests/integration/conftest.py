@@ -41,10 +41,11 @@ def _limit_threads() -> None:
 
 @pytest.fixture(scope="session")
 def comfy() -> Path:
-    """The ComfyUI root, imported with cpu mode set; skips the test when unavailable."""
+    """The ComfyUI root, imported with cpu mode set; skips the test when unavailable (fails it
+    where ComfyUI is required: see comfy_env.comfy_required)."""
     result = comfy_env.import_comfy()
     if isinstance(result, str):
-        pytest.skip(result)
+        comfy_env.missing(result)
     _limit_threads()
     log.info("ComfyUI %s at %s", comfy_env.comfy_version(result), result)
     return result
