@@ -3,8 +3,8 @@
     python bench/demo.py                                   # scikit-image's astronaut, CPU
     python bench/demo.py --image my.jpg --ratio 0.75 --tile-size 8 --device cuda --out toma_demo.png
 
-1. Cuts the image into a grid of p x p pixel patches (tokens; 64 x 64 tokens on the long side, like
-   Flux at 1024 px), builds a ToMA plan from the tokens (seeded projection + LayerNorm, as in
+1. Cuts the image into a grid of p x p pixel patches (tokens; 40 x 40 tokens on the long side by
+   default, so the README's picture shows each tile's kept tokens; --grid 64 is Flux at 1024 px), builds a ToMA plan from the tokens (seeded projection + LayerNorm, as in
    bench/fidelity.py), merges the patches N -> D and unmerges them D -> N.
 2. Writes a PNG: the image | the tile grid with each destination token marked | merged -> unmerged.
 3. Prints the reconstruction error (ToMA and, for reference, ToMe's bipartite matching at the same
@@ -226,7 +226,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tile-size", type=int, default=4, help="tile side in tokens")
     p.add_argument("--similarity", default="cosine", choices=SIMILARITIES)
     p.add_argument("--temperature", type=float, default=1e-3, help="assignment temperature (0 = hard)")
-    p.add_argument("--grid", type=int, default=64, help="tokens on the image's long side")
+    p.add_argument("--grid", type=int, default=40, help="tokens on the image's long side (64 = Flux at 1024 px)")
     p.add_argument("--patch", type=int, default=8, help="pixels per token side in the picture")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="block dtype (default: bf16 on cuda, fp32 on cpu)")
@@ -258,6 +258,16 @@ def settle(args: argparse.Namespace, device: torch.device) -> None:
         raise DemoError(f"--temperature {args.temperature} must be >= 0")
 
 
+READING = (
+    "      how to read this: the round trip above rebuilds every pixel from the kept tokens alone, which\n"
+    "      a model never does: in a block only the block's change is spread back and each token keeps\n"
+    "      its own detail. ToMe's fixed 2x2 cells rebuild flat pixels well, but in ComfyUI ToMe merges\n"
+    "      only attention queries (little speed-up; none on SDXL). Image quality on trained models is\n"
+    "      measured by bench/quality.py (README, Quality) - not by this number."
+)
+"""Printed under the errors (issue 10): a lower ToMe error here does not mean ToMe gives better images."""
+
+
 def run(args: argparse.Namespace) -> None:
     device = pick_device(args.device)
     settle(args, device)
@@ -271,6 +281,7 @@ def run(args: argparse.Namespace) -> None:
     for name, approx in (("ToMA", rec.toma), ("ToMe (ComfyUI's scheme, same ratio)", rec.tome)):
         say(f"      {name}: merge->unmerge relative error {fid.relative_error(approx, rec.pixels):.4f}, "
             f"PSNR {psnr(approx, rec.pixels):.2f} dB")
+    say(READING)
     out = Path(args.out)
     title = (f"ToMA ratio {args.ratio}, tile {args.tile_size}, {args.similarity}: {n} -> {d} tokens, "
              f"merge->unmerge error {fid.relative_error(rec.toma, rec.pixels):.4f}")
