@@ -1,0 +1,438 @@
+"""Image quality of ToMA on the trained fixtures, against what a user would do instead (issue 11 point 2).
+
+    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python bench/quality.py                 # every fixture
+    python bench/quality.py --families flux --quick --out /tmp/q                       # smoke run
+
+Every row is a chain of nodes as a user wires them (Load -> ToMA -> EasyCache -> KSampler): the
+pack's ToMA nodes and ComfyUI's EasyCache, LazyCache and TomePatchModel, each called through its
+own ``execute`` with its schema's defaults for inputs the row leaves out. Every row samples the
+same seeds through ``comfy.sample.sample`` (the sampler settings of ``trained.SAMPLER``) and the
+latent is decoded with the fixture's pixel codec (``trained.decode``). Per row:
+
+- PSNR (mean and min over seeds) and SSIM (mean) against the unpatched run at the reference step
+  count with the same seed (scikit-image). A bit-identical image has PSNR inf (JSON: Infinity).
+- speed-up: the whole sampling call timed in turns with the unpatched reference. Each pass over a
+  seed runs the rows in a shuffled order with the reference re-run every few rows; a row's call
+  counts as (mean of the two reference calls around it) / (its own time). The row's speed-up is
+  the median over seeds and passes (--repeats: passes; later ones also check the images repeat
+  bit for bit).
+- fewer steps at the same time: the "fewer steps" rows' PSNR, interpolated at the row's speed-up
+  (see quality_report.steps_psnr_at); ``beats_fewer_steps`` says whether the row's mean PSNR is above it.
+
+Rows are data (``ROWS``): a group, a label, an optional step fraction and a chain of
+(node, inputs). Inputs a node does not have (``merge_every`` before it exists) skip the row; so
+do rows for other families (``only``) and node inputs the node rejects (ValueError). The blocks
+value "later" stands for the later half of the model's blocks (Flux: the second half of each
+stream; UNet: the output blocks).
+
+Outputs under --out: quality.json, quality.md, pareto_<family>.png, grid_<family>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import bench_common  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
+
+REFERENCE = "unpatched"
+"""Label of the reference row: the unpatched model at the sampler's step count."""
+
+STEP_FRACTIONS = (0.9, 0.8, 0.75, 0.7, 0.6, 0.5)
+"""Fewer-steps baseline: 18, 16, 15, 14, 12, 10 of 20 steps."""
+
+REF_EVERY = 5
+
+EASYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)
+LAZYCACHE_THRESHOLDS = (0.1, 0.2)
+COMBINED_THRESHOLDS = (0.1, 0.2)
+"""reuse_threshold values of the cache rows; ToMA + EasyCache uses thresholds that also run alone."""
+"""The reference is re-run after every this many rows, so drift on a shared machine cancels."""
+
+
+def _toma(label: str, group: str, quick: bool = False, node: str = "ToMAPatch", only: tuple[str, ...] = (),
+          **inputs: Any) -> dict[str, Any]:
+    return {"label": label, "group": group, "quick": quick, "only": only, "chain": [(node, inputs)]}
+
+
+def _adv(label: str, **inputs: Any) -> dict[str, Any]:
+    only = inputs.pop("only", ())
+    return _toma(label, "ToMA advanced", node="ToMAPatchAdvanced", only=only, **inputs)
+
+
+def _cache(node: str, threshold: float, quick: bool = False) -> dict[str, Any]:
+    return {"label": f"{node} {threshold:g}", "group": node, "quick": quick, "only": (),
+            "chain": [(node, {"reuse_threshold": threshold})]}
+
+
+ROWS: list[dict[str, Any]] = [
+    {"label": REFERENCE, "group": "reference", "quick": True, "only": (), "chain": []},
+    *({"label": f"steps x{f:g}", "group": "fewer steps", "quick": f == 0.75, "only": (), "chain": [],
+       "steps": f} for f in STEP_FRACTIONS),
+    _toma("ToMA 0 (identity)", "check", quick=True, ratio=0.0),
+    _toma("ToMA node defaults", "ToMA defaults", quick=True),
+    _toma("ToMA 0.25", "ToMA ratio", ratio=0.25),
+    _toma("ToMA 0.5", "ToMA ratio", ratio=0.5),
+    _toma("ToMA 0.75", "ToMA ratio", ratio=0.75),
+    _toma("ToMA 0.5 start 0.25", "ToMA schedule", ratio=0.5, start_percent=0.25),
+    _toma("ToMA 0.5 start 0.5", "ToMA schedule", ratio=0.5, start_percent=0.5),
+    _toma("ToMA 0.5 start 0.75", "ToMA schedule", ratio=0.5, start_percent=0.75),
+    _toma("ToMA 0.75 start 0.5", "ToMA schedule", ratio=0.75, start_percent=0.5),
+    _toma("ToMA 0.5 recompute 5", "ToMA schedule", ratio=0.5, recompute_every=5),
+    _toma("ToMA 0.5 merge_every 2", "ToMA schedule", ratio=0.5, merge_every=2),
+    _toma("ToMA 0.5 merge_every 3", "ToMA schedule", ratio=0.5, merge_every=3),
+    _toma("ToMA 0.75 merge_every 3", "ToMA schedule", ratio=0.75, merge_every=3),
+    _toma("ToMA 0.5 tile 2", "ToMA schedule", ratio=0.5, tile_size=2),
+    _toma("ToMA 0.5 tile 8", "ToMA schedule", ratio=0.5, tile_size=8),
+    _adv("ToMA 0.5 blocks all", ratio=0.5, blocks="all"),
+    _adv("ToMA 0.5 blocks later", ratio=0.5, blocks="later"),
+    _adv("ToMA 0.75 blocks later", ratio=0.75, blocks="later"),
+    _adv("ToMA 0.5 centered_cosine", ratio=0.5, similarity="centered_cosine"),
+    _adv("ToMA 0.5 neg_sq_dist", ratio=0.5, similarity="neg_sq_dist"),
+    _adv("ToMA 0.5 temperature 0", ratio=0.5, temperature=0.0),
+    _adv("ToMA 0.5 temperature 0.05", ratio=0.5, temperature=0.05),
+    _adv("ToMA 0.5 budget adaptive", ratio=0.5, budget="adaptive"),
+    _adv("ToMA 0.5 proportional", ratio=0.5, proportional_attention=True, only=("flux",)),
+    _adv("ToMA 0.5 scope attention", ratio=0.5, scope="attention", only=("sdxl", "sd15")),
+    *(_cache("EasyCache", t, quick=t == 0.2) for t in EASYCACHE_THRESHOLDS),
+    *(_cache("LazyCache", t) for t in LAZYCACHE_THRESHOLDS),
+    *({"label": f"ToMA 0.5 + EasyCache {t:g}", "group": "ToMA + EasyCache", "quick": False, "only": (),
+       "chain": [("ToMAPatch", {"ratio": 0.5}), ("EasyCache", {"reuse_threshold": t})]} for t in COMBINED_THRESHOLDS),
+    *({"label": f"ToMe {r:g}", "group": "ToMe", "quick": False, "only": ("sd15",),
+       "chain": [("TomePatchModel", {"ratio": r})]} for r in (0.3, 0.5)),
+]
+"""Every row of the bench. "quick": in the --quick set. "only": families the row applies to (empty: all).
+Group "check": ratio 0 must give the reference image bit for bit (PSNR inf); it is no trade-off."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", nargs="+", default=None, help="fixture families (default: every fixture present)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1, the same for every row (default 3, --quick 2)")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes over the seeds (the first one gives the images)")
+    p.add_argument("--steps", type=int, default=0, help="reference step count (0: the fixture's SAMPLER steps)")
+    p.add_argument("--quick", action="store_true", help="a few rows only (smoke test)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"],
+                   help="pytorch: SDPA (what ComfyUI uses on GPUs); comfy-default: ComfyUI's CPU choice")
+    p.add_argument("--out", type=Path, default=BENCH / "out" / "quality")
+    args = p.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = 2 if args.quick else 3
+    if args.seeds < 1 or args.repeats < 1 or args.threads < 1 or args.steps < 0:
+        p.error(f"--seeds {args.seeds}, --repeats {args.repeats}, --threads {args.threads} must be >= 1 "
+                f"and --steps {args.steps} >= 0")
+    args.device, args.dtype = "cpu", "fp32"
+    return args
+
+
+# ------------------------------------------------------------------------------ rows -> patched models
+
+
+@dataclass
+class Variant:
+    """One row made runnable: its patched model and step count."""
+
+    row: dict[str, Any]
+    steps: int
+    model: Any
+    chain: list[dict[str, Any]]
+
+
+@dataclass
+class RowResult:
+    """What one row measured (None where skipped)."""
+
+    family: str
+    label: str
+    group: str
+    params: dict[str, Any]
+    speedup: float | None = None
+    psnr_mean: float | None = None
+    psnr_min: float | None = None
+    ssim_mean: float | None = None
+    seconds: float | None = None
+    psnr_per_seed: list[float] = field(default_factory=list)
+    deterministic: bool | None = None
+    log: str = ""
+    steps_psnr_at_speedup: float | None = None
+    beats_fewer_steps: bool | None = None
+    skipped: str | None = None
+
+
+def node_classes() -> dict[str, type]:
+    """The nodes a row's chain may name, as ComfyUI registers them."""
+    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+    from comfy_extras.nodes_tomesd import TomePatchModel
+    from pack import pack_module
+
+    nodes = pack_module("nodes.toma_nodes")
+    return {"ToMAPatch": nodes.ToMAPatch, "ToMAPatchAdvanced": nodes.ToMAPatchAdvanced, "EasyCache": EasyCacheNode,
+            "LazyCache": LazyCacheNode, "TomePatchModel": TomePatchModel}
+
+
+def schema_defaults(node: type) -> dict[str, Any]:
+    """Every input of the node but the model, with its schema default."""
+    return {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
+
+
+def later_blocks(model: Any) -> str:
+    """The later half of the model's blocks in the Advanced node's `blocks` syntax."""
+    unet = model.get_model_object("diffusion_model")
+    if hasattr(unet, "double_blocks"):
+        d, s = len(unet.double_blocks), len(unet.single_blocks)
+        return f"double:{d // 2}-{d - 1},single:{s // 2}-{s - 1}"
+    return "output"
+
+
+def build_variant(row: dict[str, Any], family: str, model: Any, ref_steps: int, nodes: dict[str, type]) -> Variant | str:
+    """The row's patched model (its chain of node executes on `model`), or why it is skipped."""
+    if row["only"] and family not in row["only"]:
+        return f"not for {family} (only {', '.join(row['only'])})"
+    steps = max(1, round(row["steps"] * ref_steps)) if "steps" in row else ref_steps
+    chain = []
+    for name, given in row["chain"]:
+        node = nodes[name]
+        inputs = schema_defaults(node)
+        missing = sorted(set(given) - set(inputs))
+        if missing:
+            return f"{name} has no input {', '.join(missing)}"
+        inputs |= {k: later_blocks(model) if (k, v) == ("blocks", "later") else v for k, v in given.items()}
+        try:
+            model = node.execute(model, **inputs).result[0]
+        except ValueError as exc:
+            return f"{name} rejects the inputs: {exc}"
+        chain.append({"node": name, "inputs": inputs})
+    return Variant(row, steps, model, chain)
+
+
+# ------------------------------------------------------------------------------ sampling and timing
+
+
+class LogTap(logging.Handler):
+    """Keeps the last run-summary line of ToMA and of EasyCache / LazyCache."""
+
+    PATTERN = re.compile(r"^(ToMA \[|EasyCache - skipped|LazyCache - skipped)")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.PATTERN.match(message):
+            self.lines.append(summary(message))
+
+
+def summary(line: str) -> str:
+    """The informative part of a run-summary line (ToMA: steps merged and tokens)."""
+    if line.startswith("ToMA ["):
+        parts = line.split(" | ")
+        return f"{parts[0].split(': ', 1)[1]}; {parts[1]}"
+    return line
+
+
+@dataclass
+class Family:
+    """What sampling one fixture needs: model, conditioning, sampler settings, empty latent."""
+
+    name: str
+    model: Any
+    positive: list
+    negative: list
+    sampler: dict[str, Any]
+    latent: torch.Tensor
+
+
+def load_family(name: str) -> Family:
+    import trained
+
+    positive, negative = trained.conditioning(name)
+    return Family(name, trained.load_model(name), positive, negative, dict(trained.SAMPLER[name]),
+                  torch.zeros(trained.latent_shape(name)))
+
+
+def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[float, np.ndarray, str]:
+    """Seconds of one whole comfy.sample.sample call, the decoded image (H, W, 3) and its log summary."""
+    import comfy.sample
+    import trained
+
+    noise = comfy.sample.prepare_noise(fam.latent, seed)
+    s = fam.sampler
+    tap.lines.clear()
+    start = time.perf_counter()
+    latent = comfy.sample.sample(variant.model, noise, variant.steps, s["cfg"], s["sampler_name"], s["scheduler"],
+                                 fam.positive, fam.negative, fam.latent, seed=seed, disable_pbar=True)
+    seconds = time.perf_counter() - start
+    image = trained.decode(fam.name, latent)[0].permute(1, 2, 0).double().numpy()
+    return seconds, image, "; ".join(tap.lines)
+
+
+def pass_order(variants: list[Variant], reference: Variant, seed: int, repeat: int) -> list[Variant]:
+    """The rows in a shuffled order, the reference first, last and after every REF_EVERY rows."""
+    rows = list(variants)
+    random.Random(seed * 1009 + repeat).shuffle(rows)
+    order = [reference]
+    for i in range(0, len(rows), REF_EVERY):
+        order += rows[i:i + REF_EVERY] + [reference]
+    return order
+
+
+@dataclass
+class Measured:
+    """Per row and seed: the first and the latest image; speed-up samples, seconds, repeat check, logs."""
+
+    images: dict[int, np.ndarray] = field(default_factory=dict)
+    last: dict[int, np.ndarray] = field(default_factory=dict)
+    ratios: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    repeats_identical: bool = True
+    logs: list[str] = field(default_factory=list)
+
+
+def run_pass(fam: Family, order: list[Variant], reference: Variant, seed: int, measured: dict[str, Measured],
+             tap: LogTap) -> None:
+    """Sample every variant of `order` once with `seed`; record times, speed-up samples and images."""
+    calls = [(v, *sample(fam, v, seed, tap)) for v in order]
+    ref_at = [i for i, (v, *_) in enumerate(calls) if v is reference]
+    for i, (v, seconds, image, log) in enumerate(calls):
+        m = measured[v.row["label"]]
+        m.seconds.append(seconds)
+        m.logs.append(log)
+        if seed in m.images:
+            m.repeats_identical &= bool(np.array_equal(m.images[seed], image))
+        m.images.setdefault(seed, image)
+        m.last[seed] = image
+        if v is not reference:
+            before = max(j for j in ref_at if j < i)
+            after = min(j for j in ref_at if j > i)
+            m.ratios.append((calls[before][1] + calls[after][1]) / 2 / seconds)
+
+
+def run_family(name: str, rows: list[dict[str, Any]], args: argparse.Namespace,
+               tap: LogTap) -> tuple[list[RowResult], dict, dict[str, dict[int, np.ndarray]]]:
+    """Measure every row on one fixture: the results in ROWS order, what the run was, and the
+    first-pass images by row label and seed."""
+    started = time.perf_counter()
+    fam = load_family(name)
+    ref_steps = args.steps or int(fam.sampler["steps"])
+    nodes = node_classes()
+    built = {row["label"]: build_variant(row, name, fam.model, ref_steps, nodes) for row in rows}
+    variants = [v for v in built.values() if isinstance(v, Variant)]
+    reference = built[REFERENCE]
+    others = [v for v in variants if v is not reference]
+    measured = {v.row["label"]: Measured() for v in variants}
+    sample(fam, reference, 0, tap)  # warm-up, not counted
+    for repeat in range(args.repeats):
+        for seed in range(args.seeds):
+            run_pass(fam, pass_order(others, reference, seed, repeat), reference, seed, measured, tap)
+            print(f"  {name}: pass {repeat + 1}/{args.repeats}, seed {seed} done "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+    results = [result_of(name, row, built[row["label"]], measured, args.seeds) for row in rows]
+    meta = {"family": name, "steps": ref_steps, "sampler": fam.sampler, "seeds": list(range(args.seeds)),
+            "repeats": args.repeats, "threads": torch.get_num_threads(), "attention": args.attention,
+            "latent": list(fam.latent.shape), "reference_jitter": reference_jitter(measured[REFERENCE].seconds),
+            "seconds": round(time.perf_counter() - started, 1)}
+    images = {r.label: measured[row["label"]].images for r, row in zip(results, rows) if r.skipped is None}
+    return results, meta, images
+
+
+def reference_jitter(seconds: list[float]) -> float:
+    """Median relative change between consecutive reference calls: the timing noise floor."""
+    changes = [abs(b / a - 1) for a, b in zip(seconds, seconds[1:])]
+    return round(statistics.median(changes), 4) if changes else 0.0
+
+
+def result_of(family: str, row: dict[str, Any], variant: Variant | str, measured: dict[str, Measured],
+              seeds: int) -> RowResult:
+    """The row's metrics against the reference images of the same seeds. The reference row itself
+    compares its first image of each seed with its last re-run (inf when sampling repeats bit for bit)."""
+    if isinstance(variant, str):
+        return RowResult(family, row["label"], row["group"], {"chain": [list(c) for c in row["chain"]]}, skipped=variant)
+    m, ref = measured[row["label"]], measured[REFERENCE]
+    is_ref = row["label"] == REFERENCE
+    images = ref.last if is_ref else m.images
+    psnrs, ssims = zip(*(image_metrics(ref.images[s], images[s]) for s in range(seeds)))
+    logs = sorted(set(m.logs))
+    label = f"unpatched {variant.steps} steps" if "steps" in row else row["label"]
+    return RowResult(
+        family, label, row["group"], {"steps": variant.steps, "chain": variant.chain},
+        speedup=1.0 if is_ref else round(statistics.median(m.ratios), 4),
+        psnr_mean=round(float(np.mean(psnrs)), 3), psnr_min=round(float(np.min(psnrs)), 3),
+        ssim_mean=round(float(np.mean(ssims)), 4), seconds=round(statistics.median(m.seconds), 4),
+        psnr_per_seed=[round(p, 3) for p in psnrs], deterministic=m.repeats_identical,
+        log=" / ".join(logs)[:400],
+    )
+
+
+def image_metrics(reference: np.ndarray, image: np.ndarray) -> tuple[float, float]:
+    """PSNR (dB, inf when identical) and SSIM of two (H, W, 3) images in [0, 1]."""
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+    with np.errstate(divide="ignore"):
+        psnr = float(peak_signal_noise_ratio(reference, image, data_range=1.0))
+    return psnr, float(structural_similarity(reference, image, channel_axis=2, data_range=1.0))
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def selected_rows(quick: bool) -> list[dict[str, Any]]:
+    return [row for row in ROWS if row["quick"] or not quick]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = bench_common.import_comfy(args)
+    torch.set_num_threads(args.threads)
+    import trained
+    import quality_report
+
+    families = args.families or list(trained.available())
+    missing = [f for f in families if f not in trained.available()]
+    if missing or not families:
+        sys.exit(f"error: no fixture for {', '.join(missing) or 'any family'} in {trained.FIXTURE_DIR} "
+                 f"(present: {', '.join(trained.available()) or 'none'})")
+    tap = LogTap()
+    root_logger = logging.getLogger()
+    for handler in root_logger.handlers:  # ComfyUI's stderr handler: the run summaries go to the tap only
+        handler.setLevel(max(handler.level, logging.WARNING))
+    root_logger.addHandler(tap)
+    root_logger.setLevel(logging.INFO)  # EasyCache logs its summary with logging.info on the root logger
+    header = bench_common.run_header(root, args)
+    print(header + f"families {', '.join(families)}, {args.seeds} seeds, {args.repeats} passes", flush=True)
+    results, metas, images = [], [], {}
+    for family in families:
+        rows, meta, images[family] = run_family(family, selected_rows(args.quick), args, tap)
+        quality_report.compare_with_fewer_steps(rows)
+        results += rows
+        metas.append(meta)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "quality.json").write_text(json.dumps(
+        {"setup": header, "command": " ".join(sys.argv), "families": metas, "rows": [asdict(r) for r in results]},
+        indent=1))
+    table = quality_report.markdown(header, metas, results)
+    (args.out / "quality.md").write_text(table)
+    quality_report.write_figures(args.out, results, images)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

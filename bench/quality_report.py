@@ -1,0 +1,217 @@
+"""Tables and figures of bench/quality.py: the comparison with "fewer steps at the same time", the
+Markdown tables, a Pareto plot (PSNR against speed-up) and an image grid per family.
+
+Rows are quality.RowResult objects (duck-typed: family, label, group, speedup, psnr_mean, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STEPS_GROUP = "fewer steps"
+BASELINE_GROUPS = ("reference", STEPS_GROUP, "check")
+GRID_COLUMNS = ("reference", "ToMA node defaults", "fewer steps at the same time", "EasyCache at the same time")
+DEFAULT_LABEL = "ToMA node defaults"
+
+
+def steps_psnr_at(speedup: float, points: Sequence[tuple[float, float]]) -> float | None:
+    """PSNR the fewer-steps baseline reaches at `speedup`, from its (speed-up, PSNR) points.
+
+    Linear between the two measured points around `speedup`. Below the smallest measured speed-up
+    it is that point's PSNR: fewer steps there keeps more steps, so this is a lower bound on what
+    it gives (the comparison then favours the row). Above the largest: None (not measured).
+    """
+    pts = sorted(points)
+    if not pts or speedup > pts[-1][0]:
+        return None
+    if speedup <= pts[0][0]:
+        return pts[0][1]
+    for (s0, p0), (s1, p1) in zip(pts, pts[1:]):
+        if s0 <= speedup <= s1:
+            return p0 if s1 == s0 else p0 + (p1 - p0) * (speedup - s0) / (s1 - s0)
+    return None
+
+
+def compare_with_fewer_steps(rows: list[Any]) -> None:
+    """Set steps_psnr_at_speedup and beats_fewer_steps on the measured rows of one family."""
+    points = [(r.speedup, r.psnr_mean) for r in rows if r.group == STEPS_GROUP and r.skipped is None]
+    for r in rows:
+        if r.skipped is not None or r.group in BASELINE_GROUPS:
+            continue
+        at = steps_psnr_at(r.speedup, points)
+        r.steps_psnr_at_speedup = None if at is None else round(at, 3)
+        r.beats_fewer_steps = None if at is None else bool(r.psnr_mean > at)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "–"
+    return "inf" if math.isinf(value) else format(value, fmt)
+
+
+def _beats(value: bool | None) -> str:
+    return {None: "–", True: "**yes**", False: "no"}[value]
+
+
+def family_table(rows: list[Any]) -> list[str]:
+    """Markdown table lines of one family's measured rows, then the skipped ones."""
+    lines = [
+        "| row | group | speed-up | PSNR mean (dB) | PSNR min (dB) | SSIM | s per run | fewer steps, same speed-up (dB) | beats fewer steps |",
+        "|---|---|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for r in rows:
+        if r.skipped is None:
+            lines.append(
+                f"| {r.label} | {r.group} | {_num(r.speedup, '.2f')}x | {_num(r.psnr_mean, '.1f')} | "
+                f"{_num(r.psnr_min, '.1f')} | {_num(r.ssim_mean, '.3f')} | {_num(r.seconds, '.2f')} | "
+                f"{_num(r.steps_psnr_at_speedup, '.1f')} | {_beats(r.beats_fewer_steps)} |"
+            )
+    skipped = [f"{r.label} ({r.skipped})" for r in rows if r.skipped is not None]
+    if skipped:
+        lines += ["", "Skipped: " + "; ".join(skipped) + "."]
+    return lines
+
+
+def winners(rows: list[Any]) -> str:
+    """One line: the ToMA rows whose PSNR beats fewer steps at their speed-up (speed-up > 1.02 only)."""
+    won = [r for r in rows if r.beats_fewer_steps and r.group.startswith("ToMA") and r.speedup > 1.02]
+    if not won:
+        return "No ToMA row beats fewer steps at the same speed-up."
+    return "ToMA rows above fewer steps at the same speed-up: " + "; ".join(
+        f"{r.label} ({r.speedup:.2f}x, {r.psnr_mean:.1f} vs {r.steps_psnr_at_speedup:.1f} dB)" for r in won) + "."
+
+
+def _threshold(row: Any) -> float | None:
+    return next((c["inputs"]["reuse_threshold"] for c in row.params["chain"] if c["node"] == "EasyCache"), None)
+
+
+def combined_lines(rows: list[Any]) -> list[str]:
+    """Each ToMA + EasyCache row beside EasyCache alone at the same threshold."""
+    alone = {_threshold(r): r for r in rows if r.group == "EasyCache" and r.skipped is None}
+    lines = []
+    for r in rows:
+        base = alone.get(_threshold(r)) if r.group == "ToMA + EasyCache" and r.skipped is None else None
+        if base is not None:
+            lines.append(f"- {r.label}: {r.speedup:.2f}x, {_num(r.psnr_mean, '.1f')} dB; {base.label} alone: "
+                         f"{base.speedup:.2f}x, {_num(base.psnr_mean, '.1f')} dB")
+    return lines
+
+
+def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
+    """quality.md: the setup line, then per family its sampler settings, table and winners."""
+    out = ["# Image quality on the trained fixtures (bench/quality.py)", "", header.rstrip("; "), ""]
+    for meta in metas:
+        fam_rows = [r for r in rows if r.family == meta["family"]]
+        s = meta["sampler"]
+        out += [
+            f"## {meta['family']}", "",
+            f"{meta['steps']} steps {s['sampler_name']} / {s['scheduler']}, cfg {s['cfg']}, latent {meta['latent']}, "
+            f"seeds {meta['seeds']}, {meta['repeats']} timed pass(es), reference timing jitter "
+            f"{meta['reference_jitter']:.1%}, {meta['seconds']:.0f} s. PSNR and SSIM against the unpatched "
+            "image of the same seed at the full step count; speed-up of the whole sampling call against "
+            "it, interleaved.", "",
+            *family_table(fam_rows), "", winners(fam_rows), "",
+        ]
+        combined = combined_lines(fam_rows)
+        if combined:
+            out += ["ToMA + EasyCache against EasyCache alone:", "", *combined, ""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ figures
+
+COLORS = {"fewer steps": "black", "ToMA defaults": "tab:red", "ToMA ratio": "tab:red", "ToMA schedule": "tab:orange",
+          "ToMA advanced": "tab:purple", "EasyCache": "tab:blue", "LazyCache": "tab:cyan",
+          "ToMA + EasyCache": "tab:green", "ToMe": "tab:brown"}
+
+
+def write_figures(out: Path, rows: list[Any], images: dict[str, dict[str, dict[int, np.ndarray]]]) -> None:
+    """pareto_<family>.png and grid_<family>.png for every family in `images`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for family, by_label in images.items():
+        fam_rows = [r for r in rows if r.family == family and r.skipped is None]
+        pareto_plot(out / f"pareto_{family}.png", family, fam_rows)
+        image_grid(out / f"grid_{family}.png", family, fam_rows, by_label)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats in both speed-up and PSNR, by speed-up."""
+    front, best = [], -math.inf
+    for s, p in sorted(points, key=lambda sp: (-sp[0], -sp[1])):
+        if p > best:
+            front.append((s, p))
+            best = p
+    return sorted(front)
+
+
+def pareto_plot(path: Path, family: str, rows: list[Any]) -> None:
+    """PSNR against speed-up: one colour per group, fewer steps as a line, the Pareto front dashed."""
+    import matplotlib.pyplot as plt
+
+    finite = [r for r in rows if math.isfinite(r.psnr_mean) and r.group not in ("reference", "check")]
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for group, color in COLORS.items():
+        pts = sorted((r.speedup, r.psnr_mean, r.label) for r in finite if r.group == group)
+        if not pts:
+            continue
+        xs, ys, labels = zip(*pts)
+        style = "-o" if group == STEPS_GROUP else "o"
+        ax.plot(xs, ys, style, color=color, label=group, markersize=5)
+        for x, y, label in pts:
+            ax.annotate(label, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points", color=color)
+    front = pareto_front([(r.speedup, r.psnr_mean) for r in finite])
+    if front:
+        ax.plot(*zip(*front), "--", color="grey", linewidth=0.8, label="Pareto front")
+    ax.set_xlabel("speed-up of the sampling call against unpatched (same run, interleaved)")
+    ax.set_ylabel("PSNR against the unpatched image (dB, mean over seeds)")
+    ax.set_title(f"{family}: quality against speed-up")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def nearest(rows: list[Any], group: str, speedup: float) -> Any | None:
+    """The row of `group` whose speed-up is closest to `speedup`."""
+    candidates = [r for r in rows if r.group == group]
+    return min(candidates, key=lambda r: abs(r.speedup - speedup), default=None)
+
+
+def grid_rows(rows: list[Any]) -> list[Any | None]:
+    """The grid's columns: reference, the node defaults, and the fewer-steps and EasyCache rows
+    nearest to the defaults' speed-up."""
+    by_label = {r.label: r for r in rows}
+    default = by_label.get(DEFAULT_LABEL)
+    speed = default.speedup if default else 1.0
+    return [by_label.get("unpatched"), default, nearest(rows, STEPS_GROUP, speed), nearest(rows, "EasyCache", speed)]
+
+
+def image_grid(path: Path, family: str, rows: list[Any], images: dict[str, dict[int, np.ndarray]], max_seeds: int = 4) -> None:
+    """One line of images per seed: reference | ToMA defaults | fewer steps | EasyCache."""
+    import matplotlib.pyplot as plt
+
+    columns = grid_rows(rows)
+    seeds = sorted(next(iter(images.values())))[:max_seeds]
+    fig, axes = plt.subplots(len(seeds), len(columns), figsize=(3 * len(columns), 3.1 * len(seeds)), squeeze=False)
+    for j, (title, row) in enumerate(zip(GRID_COLUMNS, columns)):
+        for i, seed in enumerate(seeds):
+            ax = axes[i, j]
+            ax.axis("off")
+            if row is None:
+                continue
+            ax.imshow(np.clip(images[row.label][seed], 0, 1), interpolation="nearest")
+            psnr = row.psnr_per_seed[seed]
+            detail = "" if j == 0 else f"\n{row.label}, {row.speedup:.2f}x, {_num(psnr, '.1f')} dB"
+            ax.set_title((f"seed {seed}: " if j == 0 else "") + title + detail, fontsize=7)
+    fig.suptitle(f"{family}: reference | ToMA defaults | fewer steps | EasyCache at the same time", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
