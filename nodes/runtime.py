@@ -377,6 +377,8 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
 def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry) -> str | None:
     if decision is None:
         return "outside a sampling run"
+    if decision.skipped:
+        return f"between merge steps (merge_every={settings.schedule.merge_every})"
     if not decision.merge:
         return "outside the sigma window"
     if geometry.reason is not None:

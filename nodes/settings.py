@@ -32,7 +32,7 @@ class ToMASettings:
 
     ratio: share of image tokens merged away (N -> D = about N * (1 - ratio)).
     tile_size: tile side in tokens; destinations are picked per t x t tile.
-    schedule: sigma window and re-selection interval (toma_core.MergeSchedule).
+    schedule: sigma window, merge-step interval and re-selection interval (toma_core.MergeSchedule).
     blocks: which blocks merge; "auto", "all" or a family-specific list (parsed per family).
     min_tokens: a forward with fewer image tokens than this runs unmerged (0 = always merge).
     similarity: one of toma_core.SIMILARITIES. temperature: softmax temperature of the
@@ -84,7 +84,8 @@ class ToMASettings:
         return (
             f"ratio {self.ratio:g}, tile {self.tile_size}, budget {self.budget}, blocks {self.blocks}, "
             f"{'proportional attention, ' if self.proportional_attention else ''}"
-            f"window {s.start_percent:g}-{s.end_percent:g}, recompute every {s.recompute_every}"
+            f"window {s.start_percent:g}-{s.end_percent:g}, merge every {s.merge_every}, "
+            f"recompute every {s.recompute_every}"
         )
 
 

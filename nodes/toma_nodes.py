@@ -45,8 +45,17 @@ def basic_inputs() -> list:
         ),
         io.Int.Input(
             "recompute_every", default=1, min=1, max=1000,
-            tooltip="Steps between re-selections of the destination tokens; larger reuses the merge "
-            "pattern across steps (faster, slightly less faithful).",
+            tooltip="Sampling steps between re-selections of the destination tokens; larger reuses the "
+            "merge pattern across steps (faster, slightly less faithful). Counted in sampling steps, "
+            "not merged steps: a pattern is reused only by merged steps fewer than this many steps after "
+            "the one that chose it, so with merge_every >= recompute_every every merged step chooses afresh.",
+        ),
+        io.Int.Input(
+            "merge_every", default=1, min=1, max=1000,
+            tooltip="Merge on every n-th sampling step inside the start/end window (the first step in "
+            "it merges) and run the steps between unmerged; 1 = every step. The paper's Flux setting "
+            "is 3 (steps 0, 3, 6, ...). Fewer merged steps: less speed-up, fewer merging errors. "
+            "recompute_every counts sampling steps too, not merged steps.",
         ),
     ]
 
@@ -98,9 +107,9 @@ def advanced_inputs() -> list:
     ]
 
 
-def build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, **advanced) -> ToMASettings:
+def build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, **advanced) -> ToMASettings:
     """ToMASettings from node inputs (ValueError naming the bad value and its range)."""
-    schedule = MergeSchedule(float(start_percent), float(end_percent), int(recompute_every))
+    schedule = MergeSchedule(float(start_percent), float(end_percent), recompute_every, merge_every)
     return ToMASettings(ratio=float(ratio), tile_size=int(tile_size), schedule=schedule, **advanced)
 
 
@@ -122,8 +131,8 @@ class ToMAPatch(io.ComfyNode):
         return node_schema("ToMAPatch", "ToMA Patch", basic_inputs())
 
     @classmethod
-    def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every) -> io.NodeOutput:
-        settings = build_settings(ratio, tile_size, start_percent, end_percent, recompute_every)
+    def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every, merge_every) -> io.NodeOutput:
+        settings = build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every)
         return io.NodeOutput(patch_model(model, settings))
 
 
@@ -134,11 +143,11 @@ class ToMAPatchAdvanced(io.ComfyNode):
 
     @classmethod
     def execute(
-        cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
+        cls, model, ratio, tile_size, start_percent, end_percent, recompute_every, merge_every,
         blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose,
     ) -> io.NodeOutput:
         settings = build_settings(
-            ratio, tile_size, start_percent, end_percent, recompute_every, blocks=blocks,
+            ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, blocks=blocks,
             min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
             budget=budget, proportional_attention=bool(proportional_attention), scope=scope,
             verbose=bool(verbose),

@@ -84,6 +84,22 @@ def test_plan_cache_keys_composition_and_epoch():
     assert all(key[-1] == 1 for key in state.plans)  # older epochs dropped
 
 
+def test_merge_every_skips_steps_and_never_reuses_a_plan_too_old():
+    """merge_every=2 on the 4-step run: steps 0 and 2 merge, 1 and 3 run unmerged with their reason.
+    recompute_every counts sampling steps: 2 re-selects at step 2, 3 keeps step 0's plan."""
+    for recompute, shared in ((2, False), (3, True)):
+        state = make_state(schedule=core.MergeSchedule(0.0, 1.0, recompute, 2))
+        a = plan_of(call(state, 10.0))
+        skipped = call(state, 7.5)
+        assert not skipped.merge and skipped.plans == {}
+        assert skipped.reason == "between merge steps (merge_every=2)"
+        assert (plan_of(call(state, 5.0)) is a) == shared
+        assert not call(state, 2.5).merge
+        assert state.stats.steps_merged == {0, 2}
+        assert state.stats.unmerged_calls == {"between merge steps (merge_every=2)": 2}
+        assert state.stats.plans_built == (1 if shared else 2)
+
+
 def test_call_plans_are_fresh_and_prefilled_eagerly():
     """Blocks see only ctx.plans: empty when the call builds, pre-filled when it reuses; a plan
     built in a call reaches the run's cache only through keep_plans (the wrapper, after the call)."""

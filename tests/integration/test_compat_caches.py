@@ -258,7 +258,7 @@ def test_not_a_native_flux_module_is_refused(tiny_flux: Any, toma: Toma) -> None
     with pytest.raises(ValueError, match=r"FluxLookingWrapper; supported families: Flux"):
         toma.patch(other)
     with pytest.raises(ValueError, match=r"FluxLookingWrapper"):
-        toma.nodes.ToMAPatch.execute(other, 0.5, 4, 0.0, 1.0, 1)
+        toma.nodes.ToMAPatch.execute(other, 0.5, 4, 0.0, 1.0, 1, 1)
 
 
 # --- a replacement already on the same dit key (PuLID-Flux-ll, SLG) --------------------------

@@ -171,6 +171,62 @@ def test_recompute_every_reuses_plans(tiny_flux: Any, tiny: Any, toma: Any, capl
     assert "2 plans built" in run_lines(caplog)[-1]
 
 
+def merge_every_node(toma: Any, model: Any, merge_every: int, recompute_every: int = 1) -> Any:
+    """The Advanced node as a user wires it: ratio 0.5, tile 4, every block, this schedule."""
+    return toma.nodes.ToMAPatchAdvanced.execute(
+        model, 0.5, 4, 0.0, 1.0, recompute_every, merge_every,
+        "all", 0, "cosine", 0.001, "tile", False, "block", False,
+    ).result[0]
+
+
+def test_merge_every_merges_every_other_step(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """merge_every=2 over 4 Euler steps (issue 11 point 3): steps 0 and 2 run every block on merged
+    tokens, steps 1 and 3 on all of them; merge_every=1 is the default schedule, bit for bit."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    model, lengths = record_attention(merge_every_node(toma, tiny_flux, 2))
+    out = tiny.sample(model, FLUX_LATENT, steps=4)
+    blocks = 4  # 2 double + 2 single, one call per step (cond and uncond batched)
+    merged_steps = [0, 2]
+    assert lengths == [TEXT + (32 if step in merged_steps else 64) for step in range(4) for _ in range(blocks)]
+    (line,) = run_lines(caplog)
+    assert "merged 2/4 steps, 2/4 calls" in line and "2 plans built" in line
+    assert "unmerged: 2 calls between merge steps (merge_every=2)" in line and "merge every 2" in line
+    every_step = tiny.sample(merge_every_node(toma, tiny_flux, 1), FLUX_LATENT, steps=4)
+    assert torch.equal(every_step, tiny.sample(patch(toma, tiny_flux, blocks="all"), FLUX_LATENT, steps=4))
+    plain = tiny.sample(tiny_flux, FLUX_LATENT, steps=4)
+    assert rel(out, plain) > 1e-3 and rel(out, every_step) > 1e-3
+
+
+def test_merge_every_with_recompute_every_counts_sampling_steps(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """recompute_every counts sampling steps: with merge_every=2, recompute_every=2 re-selects at
+    every merged step; recompute_every=3 lets step 2 reuse step 0's plan (2 steps old)."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    for recompute, plans in ((2, 2), (3, 1)):
+        tiny.sample(merge_every_node(toma, tiny_flux, 2, recompute), FLUX_LATENT, steps=4)
+        line = run_lines(caplog)[-1]
+        assert "merged 2/4 steps" in line and f"{plans} plans built" in line, line
+
+
+def test_merge_every_with_separate_cfg_calls(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Kontext cond (with reference tokens) and uncond run as two calls per step: both follow
+    their step's decision."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    ref = torch.randn((1, 16, 8, 12), generator=torch.Generator().manual_seed(2))
+    pos = tiny.make_conditioning(tiny_flux, 1234, reference_latents=[ref])
+    neg = tiny.make_conditioning(tiny_flux, 1235)
+    tiny.sample(merge_every_node(toma, tiny_flux, 2), FLUX_LATENT, positive=pos, negative=neg, steps=4)
+    assert "merged 2/4 steps, 4/8 calls" in run_lines(caplog)[-1]
+
+
+def test_merge_every_with_heun(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Heun's corrector of step i runs at sigma i+1, step i+1's sigma, and follows that step's
+    decision: with merge_every=2 over 3 steps the calls at sigma 0 and sigma 2 merge (1 + 2 of 5)."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    tiny.sample(merge_every_node(toma, tiny_flux, 2), FLUX_LATENT, steps=3, sampler_name="heun")
+    line = run_lines(caplog)[-1]
+    assert "merged 2/3 steps, 3/5 calls" in line and "2 plans built" in line
+
+
 def test_one_log_line_per_run(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     patched = patch(toma, tiny_flux)
@@ -242,31 +298,35 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     nodes = toma.nodes
     basic = nodes.ToMAPatch.define_schema()
     assert basic.node_id == "ToMAPatch" and basic.display_name == "ToMA Patch"
-    assert [i.id for i in basic.inputs] == ["model", "ratio", "tile_size", "start_percent", "end_percent", "recompute_every"]
+    assert [i.id for i in basic.inputs] == [
+        "model", "ratio", "tile_size", "start_percent", "end_percent", "recompute_every", "merge_every",
+    ]
     advanced = nodes.ToMAPatchAdvanced.define_schema()
     assert advanced.display_name == "ToMA Patch (Advanced)"
-    assert [i.id for i in advanced.inputs][6:] == [
+    assert [i.id for i in advanced.inputs][7:] == [
         "blocks", "min_tokens", "similarity", "temperature", "budget", "proportional_attention", "scope", "verbose",
     ]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description
         assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
     defaults = {i.id: i.default for i in basic.inputs[1:]}
-    assert defaults == {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, "recompute_every": 1}
-    out = nodes.ToMAPatch.execute(tiny_flux, 0.0, 4, 0.0, 1.0, 1)
+    assert defaults == {
+        "ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, "recompute_every": 1, "merge_every": 1,
+    }
+    out = nodes.ToMAPatch.execute(tiny_flux, 0.0, 4, 0.0, 1.0, 1, 1)
     assert torch.equal(tiny.sample(out.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))
     with pytest.raises(ValueError, match="ratio=0.99"):
-        nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1)
-    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False)
+        nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1, 1)
+    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False)
     assert torch.equal(tiny.sample(adv.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))  # min_tokens
     adaptive = nodes.ToMAPatchAdvanced.execute(
-        tiny_flux, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
+        tiny_flux, 0.5, 4, 0.0, 1.0, 1, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
         budget="adaptive", proportional_attention=True, scope="block", verbose=False,
     )
     chosen = adaptive.result[0].model_options["transformer_options"][toma.settings.TOMA_KEY].config.settings
     assert (chosen.budget, chosen.proportional_attention) == ("adaptive", True)
     with pytest.raises(ValueError, match="budget='global'"):
-        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "global", False, "block", False)
+        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, 1, "all", 0, "cosine", 0.001, "global", False, "block", False)
 
 
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:

@@ -180,6 +180,7 @@ def expected() -> dict[str, Any]:
             "start_percent": ("FLOAT", schedule.start_percent, 0.0, 1.0),
             "end_percent": ("FLOAT", schedule.end_percent, 0.0, 1.0),
             "recompute_every": ("INT", schedule.recompute_every, 1, None),
+            "merge_every": ("INT", schedule.merge_every, 1, None),
         },
         "advanced": {
             "blocks": ("STRING", defaults.blocks, None, None),
