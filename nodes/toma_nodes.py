@@ -50,14 +50,19 @@ def basic_inputs() -> list:
             "not merged steps: a pattern is reused only by merged steps fewer than this many steps after "
             "the one that chose it, so with merge_every >= recompute_every every merged step chooses afresh.",
         ),
-        io.Int.Input(
-            "merge_every", default=1, min=1, max=1000,
-            tooltip="Merge on every n-th sampling step inside the start/end window (the first step in "
-            "it merges) and run the steps between unmerged; 1 = every step. The paper's Flux setting "
-            "is 3 (steps 0, 3, 6, ...). Fewer merged steps: less speed-up, fewer merging errors. "
-            "recompute_every counts sampling steps too, not merged steps.",
-        ),
     ]
+
+
+def merge_every_input() -> io.Int.Input:
+    """Last on both nodes (issue 11.3): widgets_values of saved workflows are positional, so a new
+    input goes after the existing ones and older workflows keep their values."""
+    return io.Int.Input(
+        "merge_every", default=1, min=1, max=1000,
+        tooltip="Merge on every n-th sampling step inside the start/end window (the first step in "
+        "it merges) and run the steps between unmerged; 1 = every step. The paper's Flux setting "
+        "is 3 (steps 0, 3, 6, ...). Fewer merged steps: less speed-up, fewer merging errors. "
+        "recompute_every counts sampling steps too, not merged steps.",
+    )
 
 
 def advanced_inputs() -> list:
@@ -128,7 +133,7 @@ def node_schema(node_id: str, display_name: str, inputs: list) -> io.Schema:
 class ToMAPatch(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return node_schema("ToMAPatch", "ToMA Patch", basic_inputs())
+        return node_schema("ToMAPatch", "ToMA Patch", basic_inputs() + [merge_every_input()])
 
     @classmethod
     def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every, merge_every) -> io.NodeOutput:
@@ -139,12 +144,12 @@ class ToMAPatch(io.ComfyNode):
 class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return node_schema("ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs())
+        return node_schema("ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input()])
 
     @classmethod
     def execute(
-        cls, model, ratio, tile_size, start_percent, end_percent, recompute_every, merge_every,
-        blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose,
+        cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
+        blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, merge_every,
     ) -> io.NodeOutput:
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, blocks=blocks,

@@ -174,8 +174,8 @@ def test_recompute_every_reuses_plans(tiny_flux: Any, tiny: Any, toma: Any, capl
 def merge_every_node(toma: Any, model: Any, merge_every: int, recompute_every: int = 1) -> Any:
     """The Advanced node as a user wires it: ratio 0.5, tile 4, every block, this schedule."""
     return toma.nodes.ToMAPatchAdvanced.execute(
-        model, 0.5, 4, 0.0, 1.0, recompute_every, merge_every,
-        "all", 0, "cosine", 0.001, "tile", False, "block", False,
+        model, 0.5, 4, 0.0, 1.0, recompute_every,
+        "all", 0, "cosine", 0.001, "tile", False, "block", False, merge_every,
     ).result[0]
 
 
@@ -303,8 +303,9 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     ]
     advanced = nodes.ToMAPatchAdvanced.define_schema()
     assert advanced.display_name == "ToMA Patch (Advanced)"
-    assert [i.id for i in advanced.inputs][7:] == [
+    assert [i.id for i in advanced.inputs][6:] == [  # merge_every last: saved workflows keep their values
         "blocks", "min_tokens", "similarity", "temperature", "budget", "proportional_attention", "scope", "verbose",
+        "merge_every",
     ]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description
@@ -317,16 +318,16 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert torch.equal(tiny.sample(out.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))
     with pytest.raises(ValueError, match="ratio=0.99"):
         nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1, 1)
-    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False)
+    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False, 1)
     assert torch.equal(tiny.sample(adv.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))  # min_tokens
     adaptive = nodes.ToMAPatchAdvanced.execute(
-        tiny_flux, 0.5, 4, 0.0, 1.0, 1, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
-        budget="adaptive", proportional_attention=True, scope="block", verbose=False,
+        tiny_flux, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
+        budget="adaptive", proportional_attention=True, scope="block", verbose=False, merge_every=1,
     )
     chosen = adaptive.result[0].model_options["transformer_options"][toma.settings.TOMA_KEY].config.settings
     assert (chosen.budget, chosen.proportional_attention) == ("adaptive", True)
     with pytest.raises(ValueError, match="budget='global'"):
-        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, 1, "all", 0, "cosine", 0.001, "global", False, "block", False)
+        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "global", False, "block", False, 1)
 
 
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:

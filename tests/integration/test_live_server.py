@@ -180,7 +180,6 @@ def expected() -> dict[str, Any]:
             "start_percent": ("FLOAT", schedule.start_percent, 0.0, 1.0),
             "end_percent": ("FLOAT", schedule.end_percent, 0.0, 1.0),
             "recompute_every": ("INT", schedule.recompute_every, 1, None),
-            "merge_every": ("INT", schedule.merge_every, 1, None),
         },
         "advanced": {
             "blocks": ("STRING", defaults.blocks, None, None),
@@ -192,6 +191,7 @@ def expected() -> dict[str, Any]:
             "scope": ("COMBO", defaults.scope, tuple(settings.SCOPES), None),
             "verbose": ("BOOLEAN", defaults.verbose, None, None),
         },
+        "last": {"merge_every": ("INT", schedule.merge_every, 1, None)},  # appended: saved workflows keep their values
     }
 
 
@@ -251,8 +251,8 @@ def test_server_loaded_the_pack_from_custom_nodes(live_server: LiveServer, objec
 
 
 @pytest.mark.parametrize("node_id, groups, display_name", [
-    ("ToMAPatch", ("basic",), "ToMA Patch"),
-    ("ToMAPatchAdvanced", ("basic", "advanced"), "ToMA Patch (Advanced)"),
+    ("ToMAPatch", ("basic", "last"), "ToMA Patch"),
+    ("ToMAPatchAdvanced", ("basic", "advanced", "last"), "ToMA Patch (Advanced)"),
 ])
 def test_node_inputs_defaults_ranges_and_tooltips(object_info, expected, node_id, groups, display_name):
     entry = object_info[node_id]
