@@ -81,3 +81,26 @@ def test_deterministic() -> None:
 def test_rejects_k_outside_range(k: int) -> None:
     with pytest.raises(ValueError, match=f"k={k}"):
         facility_location(torch.eye(6), k)
+
+
+def test_near_ties_go_to_the_lowest_index_whatever_the_float_noise() -> None:
+    """Issue 11.6: near-identical tokens must not let 1e-6 noise flip the picks."""
+    from toma_core.facility import TIE_TOLERANCE
+
+    torch.manual_seed(0)
+    base = torch.nn.functional.normalize(torch.randn(3, 8), dim=-1).repeat_interleave(4, dim=0)  # 3 groups of 4 twins
+    picks = []
+    for trial in range(20):
+        tokens = base + 1e-6 * torch.randn(base.shape, generator=torch.Generator().manual_seed(trial))
+        tokens = torch.nn.functional.normalize(tokens, dim=-1)
+        picks.append(facility_location(tokens @ tokens.T, 3).tolist())
+    assert all(p == picks[0] for p in picks)
+    assert sorted(picks[0]) == [0, 4, 8]  # the first twin of each group
+    assert TIE_TOLERANCE < 1e-2  # a "tie" stays a near-tie: F loses at most that fraction per pick
+
+
+def test_a_clearly_better_later_token_still_wins() -> None:
+    """The tolerance breaks near-ties only: a gain 1% above the first token's is picked."""
+    sim = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    sim[2, :2] = 0.01  # token 2 covers a little of the others: larger first gain
+    assert facility_location(sim, 1).tolist() == [2]

@@ -9,6 +9,15 @@ from __future__ import annotations
 
 import torch
 
+TIE_TOLERANCE = 1e-4
+"""Gains within this fraction of a tile's best gain count as tied; ties go to the lowest index.
+
+Near-identical tokens (flat regions after the block's LayerNorm) have gains that differ only by
+float noise, so a 1e-6 change to the input or the weights, or eager against compiled kernels,
+flipped their picks and the whole sampling trajectory with them (issue 11 point 6). A pick at most
+this fraction below the best changes F by no more than that fraction.
+"""
+
 
 def facility_location(sim: torch.Tensor, k: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Return (..., k) distinct indices into n, in greedy order, maximising F(S).
@@ -16,7 +25,8 @@ def facility_location(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     sim: (..., n, n) similarities (row i = candidate, column j = token it may cover).
     mask: (..., n) bool, True for tokens that may not be chosen and do not count as covered
     (padding). If fewer than k tokens are allowed, the remaining picks are masked tokens, still
-    distinct, so callers can drop them by position. Ties go to the lowest index (deterministic);
+    distinct, so callers can drop them by position. Ties (gains within TIE_TOLERANCE of the best)
+    go to the lowest index (deterministic);
     chosen tokens are excluded, so a tile of identical tokens still yields k distinct indices.
     """
     return greedy_with_gains(sim, k, mask)[0]
@@ -46,10 +56,18 @@ def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     for _ in range(k):
         gain = ((s - cover.unsqueeze(-2)).clamp_min(0) * weight).sum(-1)
         gain = torch.where(allowed, gain, -1.0).masked_fill(chosen, float("-inf"))
-        best, idx = gain.max(dim=-1)
+        idx = stable_argmax(gain)
+        best = gain.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
         picks.append(idx)
         gains.append(best)
         chosen = chosen | (positions == idx.unsqueeze(-1))
         row = s.gather(-2, idx[..., None, None].expand(*idx.shape, 1, n)).squeeze(-2)
         cover = torch.maximum(cover, row)
     return torch.stack(picks, dim=-1), torch.stack(gains, dim=-1)
+
+
+def stable_argmax(gain: torch.Tensor) -> torch.Tensor:
+    """(..., n) -> (...,) index of the first entry within TIE_TOLERANCE (relative) of the maximum."""
+    best = gain.amax(dim=-1, keepdim=True)
+    tied = gain >= best - TIE_TOLERANCE * best.abs()
+    return tied.to(torch.uint8).argmax(dim=-1)  # argmax returns the first maximal index
