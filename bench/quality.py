@@ -15,7 +15,8 @@ latent is decoded with the fixture's pixel codec (``trained.decode``). Per row:
   seed runs the rows in a shuffled order with the reference re-run every few rows; a row's call
   counts as (mean of the two reference calls around it) / (its own time). The row's speed-up is
   the median over seeds and passes (--repeats: passes; later ones also check the images repeat
-  bit for bit).
+  bit for bit). Both clocks are recorded: the process's CPU time (``speedup``, the default with
+  one thread: other jobs on a shared machine barely move it) and wall time (``speedup_wall``).
 - fewer steps at the same time: the "fewer steps" rows' PSNR, interpolated at the row's speed-up
   (see quality_report.steps_psnr_at); ``beats_fewer_steps`` says whether the row's mean PSNR is above it.
 
@@ -58,12 +59,16 @@ STEP_FRACTIONS = (0.9, 0.8, 0.75, 0.7, 0.6, 0.5)
 """Fewer-steps baseline: 18, 16, 15, 14, 12, 10 of 20 steps."""
 
 REF_EVERY = 5
+"""The reference is re-run after every this many rows, so drift on a shared machine cancels."""
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+"""cpu: this process's CPU time, which waiting for a core shared with other jobs does not inflate
+(with one torch thread it is about the wall time the call would take alone); wall: elapsed time."""
 
 EASYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)
 LAZYCACHE_THRESHOLDS = (0.1, 0.2)
 COMBINED_THRESHOLDS = (0.1, 0.2)
 """reuse_threshold values of the cache rows; ToMA + EasyCache uses thresholds that also run alone."""
-"""The reference is re-run after every this many rows, so drift on a shared machine cancels."""
 
 
 def _toma(label: str, group: str, quick: bool = False, node: str = "ToMAPatch", only: tuple[str, ...] = (),
@@ -128,9 +133,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed passes over the seeds (the first one gives the images)")
     p.add_argument("--steps", type=int, default=0, help="reference step count (0: the fixture's SAMPLER steps)")
     p.add_argument("--quick", action="store_true", help="a few rows only (smoke test)")
+    p.add_argument("--rows", default=None, metavar="REGEX",
+                   help="only rows whose label matches (the reference and fewer-steps rows always run)")
+    p.add_argument("--add", action="append", default=[], metavar="CHAIN",
+                   help="an extra row, e.g. 'ToMAPatch:ratio=0.6;start_percent=0.4 + EasyCache:reuse_threshold=0.1'")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"],
                    help="pytorch: SDPA (what ComfyUI uses on GPUs); comfy-default: ComfyUI's CPU choice")
+    p.add_argument("--clock", choices=["auto", *CLOCKS], default="auto",
+                   help="clock of the speed-ups (auto: cpu with one thread, else wall); both are recorded")
     p.add_argument("--out", type=Path, default=BENCH / "out" / "quality")
     args = p.parse_args(argv)
     if args.seeds is None:
@@ -139,7 +150,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seeds {args.seeds}, --repeats {args.repeats}, --threads {args.threads} must be >= 1 "
                 f"and --steps {args.steps} >= 0")
     args.device, args.dtype = "cpu", "fp32"
+    if args.clock == "auto":
+        args.clock = "cpu" if args.threads == 1 else "wall"
+    try:
+        args.add = [parse_chain(spec) for spec in args.add]
+        args.rows = None if args.rows is None else re.compile(args.rows)
+    except (ValueError, re.error) as exc:
+        p.error(str(exc))
     return args
+
+
+def parse_chain(spec: str) -> dict[str, Any]:
+    """A row from 'Node:key=value;key=value + Node:...' (values: int, float, true/false or text)."""
+    chain = []
+    for part in spec.split("+"):
+        name, _, pairs = part.strip().partition(":")
+        inputs = {}
+        for pair in filter(None, (x.strip() for x in pairs.split(";"))):
+            key, eq, value = pair.partition("=")
+            if not eq:
+                raise ValueError(f"--add {spec!r}: {pair!r} is not key=value")
+            inputs[key.strip()] = _value(value.strip())
+        chain.append((name.strip(), inputs))
+    group = "ToMA added" if any(name.startswith("ToMAPatch") for name, _ in chain) else "added"
+    return {"label": spec.strip(), "group": group, "quick": True, "only": (), "chain": chain}
+
+
+def _value(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ------------------------------------------------------------------------------ rows -> patched models
@@ -164,6 +209,7 @@ class RowResult:
     group: str
     params: dict[str, Any]
     speedup: float | None = None
+    speedup_wall: float | None = None
     psnr_mean: float | None = None
     psnr_min: float | None = None
     ssim_mean: float | None = None
@@ -208,7 +254,9 @@ def build_variant(row: dict[str, Any], family: str, model: Any, ref_steps: int, 
     steps = max(1, round(row["steps"] * ref_steps)) if "steps" in row else ref_steps
     chain = []
     for name, given in row["chain"]:
-        node = nodes[name]
+        node = nodes.get(name)
+        if node is None:
+            return f"unknown node {name!r} (one of {', '.join(nodes)})"
         inputs = schema_defaults(node)
         missing = sorted(set(given) - set(inputs))
         if missing:
@@ -220,6 +268,21 @@ def build_variant(row: dict[str, Any], family: str, model: Any, ref_steps: int, 
             return f"{name} rejects the inputs: {exc}"
         chain.append({"node": name, "inputs": inputs})
     return Variant(row, steps, model, chain)
+
+
+def build_all(rows: list[dict[str, Any]], family: str, model: Any, ref_steps: int) -> dict[str, Variant | str]:
+    """Every row's Variant or skip reason, by label; a fewer-steps row whose step count is already
+    run (short --steps) is skipped."""
+    nodes, built, seen = node_classes(), {}, {ref_steps}
+    for row in rows:
+        variant = build_variant(row, family, model, ref_steps, nodes)
+        if isinstance(variant, Variant) and "steps" in row:
+            if variant.steps in seen:
+                variant = f"{variant.steps} steps are already run"
+            else:
+                seen.add(variant.steps)
+        built[row["label"]] = variant
+    return built
 
 
 # ------------------------------------------------------------------------------ sampling and timing
@@ -268,18 +331,19 @@ def load_family(name: str) -> Family:
                   torch.zeros(trained.latent_shape(name)))
 
 
-def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[float, np.ndarray, str]:
-    """Seconds of one whole comfy.sample.sample call, the decoded image (H, W, 3) and its log summary."""
+def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[dict[str, float], np.ndarray, str]:
+    """Seconds of one whole comfy.sample.sample call on each of CLOCKS, the decoded image (H, W, 3)
+    and its log summary."""
     import comfy.sample
     import trained
 
     noise = comfy.sample.prepare_noise(fam.latent, seed)
     s = fam.sampler
     tap.lines.clear()
-    start = time.perf_counter()
+    start = {name: clock() for name, clock in CLOCKS.items()}
     latent = comfy.sample.sample(variant.model, noise, variant.steps, s["cfg"], s["sampler_name"], s["scheduler"],
                                  fam.positive, fam.negative, fam.latent, seed=seed, disable_pbar=True)
-    seconds = time.perf_counter() - start
+    seconds = {name: clock() - start[name] for name, clock in CLOCKS.items()}
     image = trained.decode(fam.name, latent)[0].permute(1, 2, 0).double().numpy()
     return seconds, image, "; ".join(tap.lines)
 
@@ -300,8 +364,8 @@ class Measured:
 
     images: dict[int, np.ndarray] = field(default_factory=dict)
     last: dict[int, np.ndarray] = field(default_factory=dict)
-    ratios: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
+    ratios: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in CLOCKS})
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in CLOCKS})
     repeats_identical: bool = True
     logs: list[str] = field(default_factory=list)
 
@@ -313,16 +377,17 @@ def run_pass(fam: Family, order: list[Variant], reference: Variant, seed: int, m
     ref_at = [i for i, (v, *_) in enumerate(calls) if v is reference]
     for i, (v, seconds, image, log) in enumerate(calls):
         m = measured[v.row["label"]]
-        m.seconds.append(seconds)
         m.logs.append(log)
         if seed in m.images:
             m.repeats_identical &= bool(np.array_equal(m.images[seed], image))
         m.images.setdefault(seed, image)
         m.last[seed] = image
-        if v is not reference:
-            before = max(j for j in ref_at if j < i)
-            after = min(j for j in ref_at if j > i)
-            m.ratios.append((calls[before][1] + calls[after][1]) / 2 / seconds)
+        before = max((j for j in ref_at if j < i), default=None)
+        after = min((j for j in ref_at if j > i), default=None)
+        for clock, value in seconds.items():
+            m.seconds[clock].append(value)
+            if v is not reference:
+                m.ratios[clock].append((calls[before][1][clock] + calls[after][1][clock]) / 2 / value)
 
 
 def run_family(name: str, rows: list[dict[str, Any]], args: argparse.Namespace,
@@ -332,8 +397,7 @@ def run_family(name: str, rows: list[dict[str, Any]], args: argparse.Namespace,
     started = time.perf_counter()
     fam = load_family(name)
     ref_steps = args.steps or int(fam.sampler["steps"])
-    nodes = node_classes()
-    built = {row["label"]: build_variant(row, name, fam.model, ref_steps, nodes) for row in rows}
+    built = build_all(rows, name, fam.model, ref_steps)
     variants = [v for v in built.values() if isinstance(v, Variant)]
     reference = built[REFERENCE]
     others = [v for v in variants if v is not reference]
@@ -344,10 +408,10 @@ def run_family(name: str, rows: list[dict[str, Any]], args: argparse.Namespace,
             run_pass(fam, pass_order(others, reference, seed, repeat), reference, seed, measured, tap)
             print(f"  {name}: pass {repeat + 1}/{args.repeats}, seed {seed} done "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
-    results = [result_of(name, row, built[row["label"]], measured, args.seeds) for row in rows]
+    results = [result_of(name, row, built[row["label"]], measured, args.seeds, args.clock) for row in rows]
     meta = {"family": name, "steps": ref_steps, "sampler": fam.sampler, "seeds": list(range(args.seeds)),
-            "repeats": args.repeats, "threads": torch.get_num_threads(), "attention": args.attention,
-            "latent": list(fam.latent.shape), "reference_jitter": reference_jitter(measured[REFERENCE].seconds),
+            "repeats": args.repeats, "clock": args.clock, "threads": torch.get_num_threads(), "attention": args.attention,
+            "latent": list(fam.latent.shape), "reference_jitter": {c: reference_jitter(t) for c, t in measured[REFERENCE].seconds.items()},
             "seconds": round(time.perf_counter() - started, 1)}
     images = {r.label: measured[row["label"]].images for r, row in zip(results, rows) if r.skipped is None}
     return results, meta, images
@@ -360,7 +424,7 @@ def reference_jitter(seconds: list[float]) -> float:
 
 
 def result_of(family: str, row: dict[str, Any], variant: Variant | str, measured: dict[str, Measured],
-              seeds: int) -> RowResult:
+              seeds: int, clock: str) -> RowResult:
     """The row's metrics against the reference images of the same seeds. The reference row itself
     compares its first image of each seed with its last re-run (inf when sampling repeats bit for bit)."""
     if isinstance(variant, str):
@@ -373,9 +437,10 @@ def result_of(family: str, row: dict[str, Any], variant: Variant | str, measured
     label = f"unpatched {variant.steps} steps" if "steps" in row else row["label"]
     return RowResult(
         family, label, row["group"], {"steps": variant.steps, "chain": variant.chain},
-        speedup=1.0 if is_ref else round(statistics.median(m.ratios), 4),
+        speedup=1.0 if is_ref else round(statistics.median(m.ratios[clock]), 4),
+        speedup_wall=1.0 if is_ref else round(statistics.median(m.ratios["wall"]), 4),
         psnr_mean=round(float(np.mean(psnrs)), 3), psnr_min=round(float(np.min(psnrs)), 3),
-        ssim_mean=round(float(np.mean(ssims)), 4), seconds=round(statistics.median(m.seconds), 4),
+        ssim_mean=round(float(np.mean(ssims)), 4), seconds=round(statistics.median(m.seconds[clock]), 4),
         psnr_per_seed=[round(p, 3) for p in psnrs], deterministic=m.repeats_identical,
         log=" / ".join(logs)[:400],
     )
@@ -393,8 +458,14 @@ def image_metrics(reference: np.ndarray, image: np.ndarray) -> tuple[float, floa
 # ------------------------------------------------------------------------------ main
 
 
-def selected_rows(quick: bool) -> list[dict[str, Any]]:
-    return [row for row in ROWS if row["quick"] or not quick]
+def selected_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """ROWS filtered by --quick or --rows, then the --add rows."""
+    always = ("reference", "fewer steps")
+    if args.rows is not None:
+        rows = [r for r in ROWS if r["group"] in always or args.rows.search(r["label"])]
+    else:
+        rows = [r for r in ROWS if r["quick"] or not args.quick]
+    return rows + args.add
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header + f"families {', '.join(families)}, {args.seeds} seeds, {args.repeats} passes", flush=True)
     results, metas, images = [], [], {}
     for family in families:
-        rows, meta, images[family] = run_family(family, selected_rows(args.quick), args, tap)
+        rows, meta, images[family] = run_family(family, selected_rows(args), args, tap)
         quality_report.compare_with_fewer_steps(rows)
         results += rows
         metas.append(meta)

@@ -61,13 +61,13 @@ def _beats(value: bool | None) -> str:
 def family_table(rows: list[Any]) -> list[str]:
     """Markdown table lines of one family's measured rows, then the skipped ones."""
     lines = [
-        "| row | group | speed-up | PSNR mean (dB) | PSNR min (dB) | SSIM | s per run | fewer steps, same speed-up (dB) | beats fewer steps |",
-        "|---|---|---:|---:|---:|---:|---:|---:|:---:|",
+        "| row | group | speed-up | (wall) | PSNR mean (dB) | PSNR min (dB) | SSIM | s per run | fewer steps, same speed-up (dB) | beats fewer steps |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in rows:
         if r.skipped is None:
             lines.append(
-                f"| {r.label} | {r.group} | {_num(r.speedup, '.2f')}x | {_num(r.psnr_mean, '.1f')} | "
+                f"| {r.label} | {r.group} | {_num(r.speedup, '.2f')}x | {_num(r.speedup_wall, '.2f')}x | {_num(r.psnr_mean, '.1f')} | "
                 f"{_num(r.psnr_min, '.1f')} | {_num(r.ssim_mean, '.3f')} | {_num(r.seconds, '.2f')} | "
                 f"{_num(r.steps_psnr_at_speedup, '.1f')} | {_beats(r.beats_fewer_steps)} |"
             )
@@ -102,6 +102,50 @@ def combined_lines(rows: list[Any]) -> list[str]:
     return lines
 
 
+def _toma_ratio(row: Any) -> float | None:
+    """The ratio of the row's single ToMA node, None for other chains."""
+    toma = [c for c in row.params.get("chain", []) if c["node"].startswith("ToMAPatch")]
+    return toma[0]["inputs"]["ratio"] if len(toma) == 1 and len(row.params["chain"]) == 1 else None
+
+
+def lever_lines(rows: list[Any]) -> list[str]:
+    """Each lever (a schedule or advanced row) against plain ToMA at the same ratio (issue 11 point 4)."""
+    base = {_toma_ratio(r): r for r in rows if r.group == "ToMA ratio" and r.skipped is None}
+    lines = ["| lever | against | speed-up | PSNR (dB) | change (dB) | beats fewer steps |", "|---|---|---:|---:|---:|:---:|"]
+    for r in rows:
+        b = base.get(_toma_ratio(r)) if r.group in ("ToMA schedule", "ToMA advanced") and r.skipped is None else None
+        if b is not None:
+            lines.append(f"| {r.label} | {b.label} | {b.speedup:.2f}x -> {r.speedup:.2f}x | "
+                         f"{_num(b.psnr_mean, '.1f')} -> {_num(r.psnr_mean, '.1f')} | "
+                         f"{_num(r.psnr_mean - b.psnr_mean, '+.1f')} | {_beats(r.beats_fewer_steps)} |")
+    return lines if len(lines) > 2 else []
+
+
+def margin(row: Any) -> float | None:
+    """dB above (+) or below (-) fewer steps at the row's speed-up."""
+    return None if row.steps_psnr_at_speedup is None else row.psnr_mean - row.steps_psnr_at_speedup
+
+
+def across_families(families: list[str], rows: list[Any]) -> list[str]:
+    """ToMA rows measured on every family, by their worst margin over fewer steps (issue 11 point 5)."""
+    by = {(r.family, r.label): r for r in rows if r.skipped is None and r.group.startswith("ToMA")}
+    labels = [lab for lab in dict.fromkeys(lab for _, lab in by) if all((f, lab) in by for f in families)]
+    if len(families) < 2 or not labels:
+        return []
+
+    def worst(label: str) -> float:
+        margins = [margin(by[f, label]) for f in families]
+        return min((m for m in margins if m is not None), default=-math.inf)
+
+    head = " | ".join(f"{f}: speed-up, PSNR, margin" for f in families)
+    lines = [f"| row | {head} |", "|---|" + "---:|" * len(families)]
+    for label in sorted(labels, key=worst, reverse=True):
+        cells = [by[f, label] for f in families]
+        lines.append(f"| {label} | " + " | ".join(
+            f"{c.speedup:.2f}x, {_num(c.psnr_mean, '.1f')} dB, {_num(margin(c), '+.1f')}" for c in cells) + " |")
+    return lines
+
+
 def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
     """quality.md: the setup line, then per family its sampler settings, table and winners."""
     out = ["# Image quality on the trained fixtures (bench/quality.py)", "", header.rstrip("; "), ""]
@@ -111,15 +155,24 @@ def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
         out += [
             f"## {meta['family']}", "",
             f"{meta['steps']} steps {s['sampler_name']} / {s['scheduler']}, cfg {s['cfg']}, latent {meta['latent']}, "
-            f"seeds {meta['seeds']}, {meta['repeats']} timed pass(es), reference timing jitter "
-            f"{meta['reference_jitter']:.1%}, {meta['seconds']:.0f} s. PSNR and SSIM against the unpatched "
-            "image of the same seed at the full step count; speed-up of the whole sampling call against "
-            "it, interleaved.", "",
+            f"seeds {meta['seeds']}, {meta['repeats']} timed pass(es), {meta['threads']} thread(s), "
+            f"{meta['seconds']:.0f} s. PSNR and SSIM against the unpatched image of the same seed at the full "
+            f"step count; speed-up of the whole sampling call against it, interleaved, on the {meta['clock']} "
+            f"clock ((wall): elapsed time). Timing noise between consecutive reference runs: "
+            + ", ".join(f"{c} {j:.1%}" for c, j in meta["reference_jitter"].items()) + ".", "",
             *family_table(fam_rows), "", winners(fam_rows), "",
         ]
         combined = combined_lines(fam_rows)
         if combined:
             out += ["ToMA + EasyCache against EasyCache alone:", "", *combined, ""]
+        levers = lever_lines(fam_rows)
+        if levers:
+            out += [f"Levers on {meta['family']}, each against plain ToMA at the same ratio:", "", *levers, ""]
+    across = across_families([m["family"] for m in metas], rows)
+    if across:
+        out += ["## ToMA rows on every family", "",
+                "Margin: dB above (+) or below (-) fewer steps at the same speed-up ('–': beyond the fastest "
+                "fewer-steps row). Sorted by the worst margin over the families.", "", *across, ""]
     return "\n".join(out)
 
 
@@ -127,7 +180,7 @@ def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
 
 COLORS = {"fewer steps": "black", "ToMA defaults": "tab:red", "ToMA ratio": "tab:red", "ToMA schedule": "tab:orange",
           "ToMA advanced": "tab:purple", "EasyCache": "tab:blue", "LazyCache": "tab:cyan",
-          "ToMA + EasyCache": "tab:green", "ToMe": "tab:brown"}
+          "ToMA + EasyCache": "tab:green", "ToMe": "tab:brown", "ToMA added": "tab:pink", "added": "tab:olive"}
 
 
 def write_figures(out: Path, rows: list[Any], images: dict[str, dict[str, dict[int, np.ndarray]]]) -> None:
