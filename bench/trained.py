@@ -10,7 +10,10 @@ written against this module runs before training has finished.
 
 The codec (in place of a VAE; exact, float-precision invertible, no learnt parts):
 
-* pixels (B, 3, H, W) in [0, 1] -> ``2 x - 1`` in [-1, 1];
+* pixels (B, 3, H, W) in [0, 1] -> ``CODEC_GAIN (2 x - 1)`` in [-2.5, 2.5]: the gain brings crops of
+  the training photographs to about unit variance in model space, as ComfyUI's latent formats scale
+  real VAE latents (at gain 1 their std is ~0.4, and an undertrained EPS UNet's error at sigma_max
+  swamps the data);
 * ``pixel_unshuffle(r)`` -> (B, P, H/r, W/r), P = 3 r^2 (Flux: r = 2, P = 12; SDXL: r = 1, P = 3);
 * a fixed matrix with orthonormal columns, the first P columns of the Sylvester-Hadamard matrix of
   order C divided by sqrt(C), maps the P pixel channels to the C latent channels the class's latent
@@ -56,6 +59,9 @@ COND_PREFIX = "conditioning."
 
 RANDOM_INIT_SEED = 0
 
+CODEC_GAIN = 2.5
+"""Pixels in [-1, 1] are multiplied by this before the channel map (see the module docstring)."""
+
 
 @dataclass(frozen=True)
 class Family:
@@ -98,7 +104,7 @@ SDXL_CONFIG: dict[str, Any] = {
     "out_channels": 4,
     "model_channels": 32,
     "num_res_blocks": [2, 2, 2],
-    "channel_mult": [1, 2, 4],
+    "channel_mult": [1, 2, 3],
     "transformer_depth": [0, 0, 1, 1, 2, 2],
     "transformer_depth_output": [0, 0, 0, 1, 1, 1, 2, 2, 2],
     "transformer_depth_middle": 2,
@@ -113,7 +119,7 @@ SDXL_CONFIG: dict[str, Any] = {
     "use_temporal_attention": False,
     "use_temporal_resblock": False,
 }
-"""SDXL topology scaled down: levels 1/2/4 x 32 channels, no transformers at full latent resolution,
+"""SDXL topology scaled down: levels 1/2/3 x 32 channels, no transformers at full latent resolution,
 depth 1 at 1/2, depth 2 at 1/4 and in the middle (SDXL: 0, 2, 10), linear proj, ADM 2816."""
 
 SPECS: dict[str, Family] = {
@@ -207,14 +213,14 @@ def to_model_space(family: str, images: torch.Tensor) -> torch.Tensor:
     s = spec(family)
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-    x = F.pixel_unshuffle(images.float() * 2 - 1, s.unshuffle)
+    x = F.pixel_unshuffle((images.float() * 2 - 1) * CODEC_GAIN, s.unshuffle)
     return torch.einsum("cp,bphw->bchw", codec_matrix(family), x)
 
 
 def from_model_space(family: str, z: torch.Tensor) -> torch.Tensor:
     """Model-space latent (B, C, h, w) -> images (B, 3, H, W), not clamped."""
     x = torch.einsum("cp,bchw->bphw", codec_matrix(family), z.float())
-    return (F.pixel_shuffle(x, spec(family).unshuffle) + 1) / 2
+    return (F.pixel_shuffle(x, spec(family).unshuffle) / CODEC_GAIN + 1) / 2
 
 
 def encode(family: str, images: torch.Tensor) -> torch.Tensor:
