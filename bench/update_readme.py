@@ -1,10 +1,13 @@
-"""Write the README's "## Results" section from a bench/run_all.py output folder.
+"""Write the README's "## Results" section from a bench/run_all.py output folder, or its
+"## Quality" section from a bench/quality.py output folder.
 
     python bench/update_readme.py                       # reads bench/out/results.json, edits README.md
+    python bench/update_readme.py --quality bench/out/quality   # reads quality.md and its figures
 
-Copies the run's plots to assets/results/ and replaces the text between "## Results" and the next
-"## " heading (the section is created before "## License" if missing). Every number in the section
-comes from results.json; the rest of the README is left untouched.
+Copies the run's plots to assets/results/ (assets/quality/) and replaces the text between the
+section's heading and the next "## " heading (the section is created before "## License", or the
+Quality section before "## Results", if missing). Every number in the section comes from the run's
+output; the rest of the README is left untouched.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ if str(BENCH) not in sys.path:
 import run_all  # noqa: E402
 
 HEADING = "## Results"
+QUALITY_HEADING = "## Quality"
+
+QUALITY_INTRO = """\
+Image quality is measured on small models **trained** here on natural-image crops (ComfyUI's own Flux
+and SDXL classes; fixtures/README.md says how they were made), sampled through ComfyUI's sampler with
+the nodes wired as a user wires them, against the unpatched model at the same seed and step count.
+Each ToMA row is compared with what a user can do instead at the same time saving: **fewer steps**
+(and the core EasyCache / LazyCache nodes). These fixtures are tiny (about 1,000 image tokens), so
+the speed-ups are smaller than on Flux.1 / SDXL at 1024 px (see Results); the quality comparison at
+equal speed-up is what this section is for. This section is written from the run's quality.md by
+`bench/update_readme.py --quality`."""
 
 INTRO = """\
 Every number below was printed by `bench/run_all.py` in one run, on the machine named under it, and
@@ -61,14 +75,40 @@ def section_text(results: dict, image_dir: str) -> str:
     return "\n".join(lines) + "\n" + body.rstrip() + "\n"
 
 
-def replace_section(readme: str, section: str) -> str:
-    """README text with its Results section replaced (or inserted before "## License")."""
-    match = re.search(r"^## Results[ \t]*\n.*?(?=^## |\Z)", readme, flags=re.S | re.M)
+def replace_section(readme: str, section: str, heading: str = HEADING, before: str = "## License") -> str:
+    """README text with the section under `heading` replaced (or inserted before `before`)."""
+    match = re.search(rf"^{re.escape(heading)}[ \t]*\n.*?(?=^## |\Z)", readme, flags=re.S | re.M)
     if match:
         return readme[: match.start()] + section + "\n" + readme[match.end():]
-    license_at = re.search(r"^## License", readme, flags=re.M)
-    at = license_at.start() if license_at else len(readme)
+    anchor = re.search(rf"^{re.escape(before)}", readme, flags=re.M)
+    at = anchor.start() if anchor else len(readme)
     return readme[:at] + section + "\n" + readme[at:]
+
+
+def quality_section(src: Path, image_dir: str) -> str:
+    """The Quality section: intro, the command, then quality.md one heading level down, each
+    family's Pareto plot and image grid after its tables."""
+    meta = json.loads((src / "quality.json").read_text())
+    lines = [QUALITY_HEADING, "", QUALITY_INTRO, "", "```bash", f"COMFYUI_PATH=/path/to/ComfyUI python {meta['command']}",
+             "python bench/update_readme.py --quality bench/out/quality   # this section", "```", ""]
+    body = (src / "quality.md").read_text().split("\n## ")
+    lines.append(body[0].split("\n", 1)[1].strip())  # the setup line, without quality.md's own title
+    for chunk in body[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        lines += ["", f"### {chunk.strip()}", ""]
+        for kind, stem in (("PSNR against speed-up", "pareto"), ("images", "grid")):
+            if (src / f"{stem}_{name}.png").is_file():
+                lines += [f"![{name}: {kind}]({image_dir}/{stem}_{name}.png)", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def copy_quality_figures(src: Path, dst: Path) -> list[Path]:
+    dst.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for png in sorted(src.glob("*.png")):
+        shutil.copyfile(png, dst / png.name)
+        copied.append(dst / png.name)
+    return copied
 
 
 def copy_plots(results: dict, src: Path, dst: Path) -> list[Path]:
@@ -88,8 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(ROOT / "bench" / "out"), help="run_all.py output folder")
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--assets", default="assets/results", help="plot folder, relative to the README")
+    p.add_argument("--quality", help="bench/quality.py output folder: write the Quality section instead")
     args = p.parse_args(argv)
-    src, readme = Path(args.results), Path(args.readme)
+    readme = Path(args.readme)
+    if args.quality:
+        src, assets = Path(args.quality), "assets/quality"
+        copied = copy_quality_figures(src, readme.parent / assets)
+        section = quality_section(src, assets)
+        readme.write_text(replace_section(readme.read_text(), section, QUALITY_HEADING, before=HEADING))
+        print(f"updated {readme} ({QUALITY_HEADING}); figures: {', '.join(str(c) for c in copied) or 'none'}")
+        return 0
+    src = Path(args.results)
     results = json.loads((src / "results.json").read_text())
     copied = copy_plots(results, src, readme.parent / args.assets)
     readme.write_text(replace_section(readme.read_text(), section_text(results, args.assets)))
