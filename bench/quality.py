@@ -17,8 +17,11 @@ latent is decoded with the fixture's pixel codec (``trained.decode``). Per row:
   the median over seeds and passes (--repeats: passes; later ones also check the images repeat
   bit for bit). Both clocks are recorded: the process's CPU time (``speedup``, the default with
   one thread: other jobs on a shared machine barely move it) and wall time (``speedup_wall``).
-- fewer steps at the same time: the "fewer steps" rows' PSNR, interpolated at the row's speed-up
-  (see quality_report.steps_psnr_at); ``beats_fewer_steps`` says whether the row's mean PSNR is above it.
+- fewer steps at the same time: the step count an unpatched run of the same duration has
+  (``same_time_steps``, from a one-parameter fit of the fewer-steps rows' speed-ups: a share of
+  every run does not scale with steps) and the fewer-steps rows' PSNR interpolated there
+  (``steps_psnr_at_speedup``; quality_report.steps_psnr_at); ``beats_fewer_steps``: the row's mean
+  PSNR is above it.
 
 Rows are data (``ROWS``): a group, a label, an optional step fraction and a chain of
 (node, inputs). Inputs a node does not have (``merge_every`` before it exists) skip the row; so
@@ -217,6 +220,7 @@ class RowResult:
     psnr_per_seed: list[float] = field(default_factory=list)
     deterministic: bool | None = None
     log: str = ""
+    same_time_steps: float | None = None
     steps_psnr_at_speedup: float | None = None
     beats_fewer_steps: bool | None = None
     skipped: str | None = None
@@ -491,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     results, metas, images = [], [], {}
     for family in families:
         rows, meta, images[family] = run_family(family, selected_rows(args), args, tap)
-        quality_report.compare_with_fewer_steps(rows)
+        meta["step_overhead"] = round(quality_report.compare_with_fewer_steps(rows), 4)
         results += rows
         metas.append(meta)
     args.out.mkdir(parents=True, exist_ok=True)

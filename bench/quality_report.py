@@ -19,33 +19,59 @@ GRID_COLUMNS = ("reference", "ToMA node defaults", "fewer steps at the same time
 DEFAULT_LABEL = "ToMA node defaults"
 
 
-def steps_psnr_at(speedup: float, points: Sequence[tuple[float, float]]) -> float | None:
-    """PSNR the fewer-steps baseline reaches at `speedup`, from its (speed-up, PSNR) points.
+def fit_overhead(points: Sequence[tuple[float, float]]) -> float:
+    """Share of a full run's time that does not scale with the step count, fitted to the fewer-steps
+    rows' measured speed-ups: speed-up(x) = 1 / (a + (1 - a) x) for x = steps / full steps.
 
-    Linear between the two measured points around `speedup`. Below the smallest measured speed-up
-    it is that point's PSNR: fewer steps there keeps more steps, so this is a lower bound on what
-    it gives (the comparison then favours the row). Above the largest: None (not measured).
+    Least squares on 1 / speed-up (linear in a); clamped to [0, 0.9]. One parameter for every
+    fewer-steps row smooths their timing noise, so the baseline is monotone in speed-up.
+    """
+    pairs = [(x, 1 / r) for x, r in points if x < 1]
+    den = sum((1 - x) ** 2 for x, _ in pairs)
+    if not den:
+        return 0.0
+    return min(0.9, max(0.0, sum((t - x) * (1 - x) for x, t in pairs) / den))
+
+
+def same_time_steps(speedup: float, overhead: float, full_steps: int) -> float:
+    """Step count of the unpatched run that takes as long as a run with this speed-up (fitted model)."""
+    return (1 / speedup - overhead) / (1 - overhead) * full_steps
+
+
+def steps_psnr_at(steps: float, points: Sequence[tuple[int, float]]) -> float | None:
+    """PSNR the fewer-steps baseline reaches at `steps` (fractional), from its (steps, PSNR) points.
+
+    Linear between the two measured step counts around `steps`. Above the largest measured count
+    it is that count's PSNR: more steps only get closer to the reference, so this is a lower bound
+    on what fewer steps gives there (the comparison then favours the row). Below the smallest
+    measured count: None (not measured).
     """
     pts = sorted(points)
-    if not pts or speedup > pts[-1][0]:
+    if not pts or steps < pts[0][0]:
         return None
-    if speedup <= pts[0][0]:
-        return pts[0][1]
+    if steps >= pts[-1][0]:
+        return pts[-1][1]
     for (s0, p0), (s1, p1) in zip(pts, pts[1:]):
-        if s0 <= speedup <= s1:
-            return p0 if s1 == s0 else p0 + (p1 - p0) * (speedup - s0) / (s1 - s0)
+        if s0 <= steps <= s1:
+            return p0 + (p1 - p0) * (steps - s0) / (s1 - s0)
     return None
 
 
-def compare_with_fewer_steps(rows: list[Any]) -> None:
-    """Set steps_psnr_at_speedup and beats_fewer_steps on the measured rows of one family."""
-    points = [(r.speedup, r.psnr_mean) for r in rows if r.group == STEPS_GROUP and r.skipped is None]
+def compare_with_fewer_steps(rows: list[Any]) -> float:
+    """Set same_time_steps, steps_psnr_at_speedup and beats_fewer_steps on the measured rows of one
+    family; return the fitted overhead share (fit_overhead)."""
+    full = next(r.params["steps"] for r in rows if r.group == "reference")
+    steps_rows = [r for r in rows if r.group == STEPS_GROUP and r.skipped is None]
+    overhead = fit_overhead([(r.params["steps"] / full, r.speedup) for r in steps_rows])
+    points = [(r.params["steps"], r.psnr_mean) for r in steps_rows]
     for r in rows:
         if r.skipped is not None or r.group in BASELINE_GROUPS:
             continue
-        at = steps_psnr_at(r.speedup, points)
+        r.same_time_steps = round(same_time_steps(r.speedup, overhead, full), 2)
+        at = steps_psnr_at(r.same_time_steps, points)
         r.steps_psnr_at_speedup = None if at is None else round(at, 3)
         r.beats_fewer_steps = None if at is None else bool(r.psnr_mean > at)
+    return overhead
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -61,15 +87,15 @@ def _beats(value: bool | None) -> str:
 def family_table(rows: list[Any]) -> list[str]:
     """Markdown table lines of one family's measured rows, then the skipped ones."""
     lines = [
-        "| row | group | speed-up | (wall) | PSNR mean (dB) | PSNR min (dB) | SSIM | s per run | fewer steps, same speed-up (dB) | beats fewer steps |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| row | group | speed-up | (wall) | PSNR mean (dB) | PSNR min (dB) | SSIM | s per run | steps in the same time | their PSNR (dB) | beats fewer steps |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in rows:
         if r.skipped is None:
             lines.append(
                 f"| {r.label} | {r.group} | {_num(r.speedup, '.2f')}x | {_num(r.speedup_wall, '.2f')}x | {_num(r.psnr_mean, '.1f')} | "
                 f"{_num(r.psnr_min, '.1f')} | {_num(r.ssim_mean, '.3f')} | {_num(r.seconds, '.2f')} | "
-                f"{_num(r.steps_psnr_at_speedup, '.1f')} | {_beats(r.beats_fewer_steps)} |"
+                f"{_num(r.same_time_steps, '.1f')} | {_num(r.steps_psnr_at_speedup, '.1f')} | {_beats(r.beats_fewer_steps)} |"
             )
     skipped = [f"{r.label} ({r.skipped})" for r in rows if r.skipped is not None]
     if skipped:
@@ -159,7 +185,9 @@ def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
             f"{meta['seconds']:.0f} s. PSNR and SSIM against the unpatched image of the same seed at the full "
             f"step count; speed-up of the whole sampling call against it, interleaved, on the {meta['clock']} "
             f"clock ((wall): elapsed time). Timing noise between consecutive reference runs: "
-            + ", ".join(f"{c} {j:.1%}" for c, j in meta["reference_jitter"].items()) + ".", "",
+            + ", ".join(f"{c} {j:.1%}" for c, j in meta["reference_jitter"].items())
+            + f". Share of a run that does not scale with steps (fit to the fewer-steps rows): "
+            f"{meta['step_overhead']:.0%}.", "",
             *family_table(fam_rows), "", winners(fam_rows), "",
         ]
         combined = combined_lines(fam_rows)
@@ -239,12 +267,14 @@ def nearest(rows: list[Any], group: str, speedup: float) -> Any | None:
 
 
 def grid_rows(rows: list[Any]) -> list[Any | None]:
-    """The grid's columns: reference, the node defaults, and the fewer-steps and EasyCache rows
-    nearest to the defaults' speed-up."""
+    """The grid's columns: reference, the node defaults, the fewer-steps row nearest to the defaults'
+    same-time step count and the EasyCache row nearest to their speed-up."""
     by_label = {r.label: r for r in rows}
     default = by_label.get(DEFAULT_LABEL)
     speed = default.speedup if default else 1.0
-    return [by_label.get("unpatched"), default, nearest(rows, STEPS_GROUP, speed), nearest(rows, "EasyCache", speed)]
+    same_steps = default.same_time_steps if default and default.same_time_steps is not None else 0.0
+    fewer = min((r for r in rows if r.group == STEPS_GROUP), key=lambda r: abs(r.params["steps"] - same_steps), default=None)
+    return [by_label.get("unpatched"), default, fewer, nearest(rows, "EasyCache", speed)]
 
 
 def image_grid(path: Path, family: str, rows: list[Any], images: dict[str, dict[int, np.ndarray]], max_seeds: int = 4) -> None:
