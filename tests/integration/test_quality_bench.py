@@ -42,7 +42,7 @@ def test_quality_quick(comfy: Path, tmp_path: Path) -> None:
 
     data = json.loads((tmp_path / "quality.json").read_text())
     rows = {r["label"]: r for r in data["rows"]}
-    assert {"unpatched", "ToMA 0 (identity)", "ToMA node defaults", "EasyCache 0.2"} <= set(rows)
+    assert {"unpatched", "ToMA 0 (identity)", "ToMA node defaults", "EasyCache 0.1"} <= set(rows)
     assert all(r["family"] == family and r["skipped"] is None for r in rows.values())
     fewer = [r for r in rows.values() if r["group"] == "fewer steps"]
     assert fewer and all(r["params"]["steps"] < STEPS for r in fewer)
