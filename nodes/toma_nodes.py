@@ -10,7 +10,7 @@ from comfy_api.latest import io
 
 from ..toma_core import BUDGETS, SIMILARITIES, MergeSchedule
 from .patching import patch_model
-from .settings import RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_SIZE_RANGE, ToMASettings
+from .settings import NODE_START_PERCENT, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_SIZE_RANGE, ToMASettings
 
 CATEGORY = "model_patches/ToMA"
 DESCRIPTION = (
@@ -35,8 +35,10 @@ def basic_inputs() -> list:
             "merges local (fewer artifacts); any image size works.",
         ),
         io.Float.Input(
-            "start_percent", default=0.0, min=0.0, max=1.0, step=0.01,
-            tooltip="Point of the sampling run (sigma percent, 0 = first step) where merging starts.",
+            "start_percent", default=NODE_START_PERCENT, min=0.0, max=1.0, step=0.01,
+            tooltip="Point of the sampling run (sigma percent, 0 = first step) where merging starts. "
+            "0.5 (default) leaves the first half of the run, which lays out the image, exact: measured on "
+            "trained models it keeps far more of the image than merging from the start (0), at less speed-up.",
         ),
         io.Float.Input(
             "end_percent", default=1.0, min=0.0, max=1.0, step=0.01,

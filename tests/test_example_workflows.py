@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pack import pack_module
 from workflow_check import check_workflow, unconnected_required_inputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "example_workflows"
@@ -16,7 +17,8 @@ def test_flux_workflow_is_well_formed():
     assert {"UNETLoader", "DualCLIPLoader", "VAELoader", "ToMAPatch", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
     assert not unconnected_required_inputs(workflow)
     toma = next(node for node in workflow["nodes"] if node["type"] == "ToMAPatch")
-    assert toma["widgets_values"] == [0.5, 4, 0.0, 1.0, 1, 1]
+    start = pack_module("nodes.settings").NODE_START_PERCENT  # the node's default (issue 11.5)
+    assert toma["widgets_values"] == [0.5, 4, start, 1.0, 1, 1]
     sampler = next(node for node in workflow["nodes"] if node["type"] == "KSampler")
     model_link = sampler["inputs"][0]["link"]
     assert any(link[0] == model_link and link[1] == toma["id"] for link in workflow["links"])

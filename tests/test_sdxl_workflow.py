@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pack import pack_module
 from workflow_check import check_workflow, unconnected_required_inputs
 
 WORKFLOW = Path(__file__).resolve().parents[1] / "example_workflows" / "sdxl_toma.json"
@@ -16,7 +17,8 @@ def test_sdxl_workflow_is_well_formed_and_wired_through_toma():
     types = {node["type"] for node in nodes.values()}
     assert {"CheckpointLoaderSimple", "ToMAPatch", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
     toma = next(node for node in nodes.values() if node["type"] == "ToMAPatch")
-    assert toma["widgets_values"] == [0.5, 4, 0.0, 1.0, 1, 1]
+    start = pack_module("nodes.settings").NODE_START_PERCENT  # the node's default (issue 11.5)
+    assert toma["widgets_values"] == [0.5, 4, start, 1.0, 1, 1]
     links = {link[0]: link for link in workflow["links"]}
     loader_link = links[toma["inputs"][0]["link"]]
     assert nodes[loader_link[1]]["type"] == "CheckpointLoaderSimple"

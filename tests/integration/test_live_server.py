@@ -177,7 +177,7 @@ def expected() -> dict[str, Any]:
         "basic": {
             "ratio": ("FLOAT", defaults.ratio, *settings.RATIO_RANGE),
             "tile_size": ("INT", defaults.tile_size, *settings.TILE_SIZE_RANGE),
-            "start_percent": ("FLOAT", schedule.start_percent, 0.0, 1.0),
+            "start_percent": ("FLOAT", settings.NODE_START_PERCENT, 0.0, 1.0),
             "end_percent": ("FLOAT", schedule.end_percent, 0.0, 1.0),
             "recompute_every": ("INT", schedule.recompute_every, 1, None),
         },
