@@ -46,7 +46,8 @@ ComfyUI's own Flux and SDXL classes at reduced width/depth on CPU (keeping the r
 tokens-to-width balance at 1024x1024; see bench/bench_flux.py and bench/bench_sdxl.py), with **random weights**: the
 speed-ups are what the merge buys on those shapes; the relative errors compare ratios and methods on
 a pure-noise latent (the first sampling step), where neighbouring tokens are less alike than in a
-trained model on a real image, so they are not a measure of image quality. Token-level fidelity on
+trained model on a real image, so they are not a measure of image quality: these tables are speed
+evidence; image quality on trained models is in [Quality](#quality). Token-level fidelity on
 natural images is the last table."""
 
 NOISE = """\
