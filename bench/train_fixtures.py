@@ -10,7 +10,8 @@ Model, codec and conditioning come from ``bench/trained.py``. Objectives are wha
 sampling expects for the class; the model is called through ``BaseModel.apply_model`` (input scaling,
 timestep mapping and the denoised output exactly as at inference):
 
-* Flux (CONST, ModelSamplingFlux): u = sigmoid(N(0, 1)) (logit-normal, as SD3 / Flux train),
+* Flux (CONST, ModelSamplingFlux): u = sigmoid(N(0, 1)) (``--timesteps logit-normal``, as SD3 / Flux
+  train) or u ~ U(0, 1) (``uniform``: the spacing of the sampler's "simple" steps), then
   sigma = model_sampling.sigma(u) (the shift 1.15 the sampler uses), x_t = (1 - sigma) x0 + sigma noise; velocity v = (x_t - denoised) / sigma,
   loss |v - (noise - x0)|^2.
 * UNet (EPS, discrete DDPM schedule): t ~ U{0..999}, sigma = model_sampling.sigmas[t],
@@ -176,8 +177,14 @@ def model_kwargs(model: Any, family: str, cond: dict[str, torch.Tensor], batch: 
     return {k: c.process_cond(batch_size=batch, area=None).cond for k, c in conds.items()}
 
 
+def flow_times(b: int, timesteps: str, gen: torch.Generator) -> torch.Tensor:
+    """(B,) flow times u in [1e-3, 1] before the shift: logit-normal or uniform."""
+    u = torch.sigmoid(torch.randn((b,), generator=gen)) if timesteps == "logit-normal" else torch.rand((b,), generator=gen)
+    return u.clamp(1e-3, 1.0)
+
+
 def diffusion_loss(model: Any, family: str, x0: torch.Tensor, kwargs: dict, options: dict,
-                   gen: torch.Generator) -> torch.Tensor:
+                   gen: torch.Generator, timesteps: str = "logit-normal") -> torch.Tensor:
     """The class's training objective on model-space latents x0 (B, C, h, w); see the module docstring."""
     import comfy.model_sampling
 
@@ -185,7 +192,7 @@ def diffusion_loss(model: Any, family: str, x0: torch.Tensor, kwargs: dict, opti
     noise = torch.randn(x0.shape, generator=gen)
     b = x0.shape[0]
     if isinstance(ms, comfy.model_sampling.CONST):
-        sigma = ms.sigma(torch.sigmoid(torch.randn((b,), generator=gen)).clamp(1e-3, 1.0))
+        sigma = ms.sigma(flow_times(b, timesteps, gen))
         s = sigma.view(b, 1, 1, 1)
         x_t, target = (1 - s) * x0 + s * noise, noise - x0
     else:
@@ -228,7 +235,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ema", type=float, default=0.998)
+    p.add_argument("--ema", type=float, default=0.99)
+    p.add_argument("--timesteps", default="logit-normal", choices=["logit-normal", "uniform"],
+                   help="Flux: distribution of the flow time before the shift")
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--out", type=Path, default=trained.FIXTURE_DIR)
     p.add_argument("--samples", type=int, default=8, help="seeds in the sample grid PNG")
@@ -270,7 +279,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for group in opt.param_groups:
             group["lr"] = lr_at(progress, args.lr)
         x0 = trained.to_model_space(family, random_crops(photos, args.batch, size, gen))
-        loss = diffusion_loss(model, family, x0, kwargs, options, gen)
+        loss = diffusion_loss(model, family, x0, kwargs, options, gen, args.timesteps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.diffusion_model.parameters(), 1.0)
@@ -330,7 +339,8 @@ def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> 
                         f"~ N(0, 1) from seed {args.seed}, stored under '{trained.COND_PREFIX}'; extras {s.extras}",
         "sampler": s.sampler,
         "training": {
-            "seed": args.seed, "batch": args.batch, "lr": args.lr, "ema": args.ema, "steps": record["steps"],
+            "seed": args.seed, "batch": args.batch, "lr": args.lr, "ema": args.ema, "timesteps": args.timesteps,
+            "steps": record["steps"],
             "minutes": record["minutes"], "final_loss_smoothed": round(record["final_loss_smoothed"], 5),
             "heldout_loss_raw": round(record["heldout_loss_raw"], 5),
             "heldout_loss_ema": round(record["heldout_loss_ema"], 5), "shipped": record["shipped"],
