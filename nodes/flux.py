@@ -16,6 +16,9 @@ made eagerly in runtime.apply_model_wrapper; the hooks only read the CallContext
 
 Single blocks add to their input in place (`x += ...`): the hook always passes a freshly
 concatenated tensor and keeps its own merged tokens for the delta.
+
+With scope "attention", double blocks merge only their attention (nodes/flux_attention.py) and
+single blocks merge whole, as the reference ToMA Flux code does.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..toma_core import MergePlan
+from .flux_attention import attention_options
 from .flux_blocks import parse_flux_blocks
 from .runtime import CallContext, CallGeometry, find_call, note_orphan
 from .settings import ToMASettings
@@ -69,8 +73,6 @@ def apply(model, settings: ToMASettings) -> FluxAdapter:
     Earlier ToMA hooks are replaced; a replacement another pack put on the same key stays
     outermost and ToMA merges only around the real block.
     """
-    if settings.scope != "block":
-        raise ValueError(f"scope={settings.scope!r} is not available for Flux-family models; use 'block'")
     dm = model.get_model_object("diffusion_model")
     depth, depth_single = len(dm.double_blocks), len(dm.single_blocks)
     blocks = parse_flux_blocks(settings.blocks, depth, depth_single)
@@ -140,6 +142,8 @@ def merged_double(args: dict, extra: dict, block: Block) -> dict:
     if img.shape[1] != g.tokens + g.extra_tokens:
         ctx.record_block(False, "image tokens differ from the latent grid")
         return block(args)
+    if ctx.settings.scope == "attention":
+        return _merged_attention(args, block, ctx, text_len, text_len + img.shape[1])
     return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
 
 
@@ -164,19 +168,40 @@ def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_l
     block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows).
     A mask of another layout runs the block unmerged.
     """
-    g = ctx.geometry
-    seq, n = args["img"], g.tokens
-    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(seq[:, start:start + n]))
-    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, n, length)
-    if why:
-        ctx.record_block(False, why)
+    seq, n = args["img"], ctx.geometry.tokens
+    prepared = _plan_and_mask(args, ctx, seq[:, start:start + n], text_len, length)
+    if prepared is None:
         return block(args)
-    bias = plan.size_bias() if ctx.settings.proportional_attention else None
-    mask = add_key_bias(mask, bias, text_len, length - n + plan.num_kept, seq.dtype)
+    plan, mask = prepared
     x, x_m, seq_m = merge_span(seq, start, n, plan)
     out = block(dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
     ctx.record_block(True)
     return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))
+
+
+def _merged_attention(args: dict, block: Block, ctx: CallContext, text_len: int, length: int) -> dict:
+    """Run a double block whose attention alone sees merged image tokens (scope "attention")."""
+    prepared = _plan_and_mask(args, ctx, args["img"][:, :ctx.geometry.tokens], text_len, length)
+    if prepared is None:
+        return block(args)
+    plan, mask = prepared
+    out = block(dict(args, transformer_options=attention_options(args.get("transformer_options"), plan, text_len, mask)))
+    ctx.record_block(True)
+    return out
+
+
+def _plan_and_mask(args: dict, ctx: CallContext, image: torch.Tensor, text_len: int, length: int) -> tuple[MergePlan, torch.Tensor | None] | None:
+    """This call's plan (built from `image` (B, N, C) if missing) and the block's attention mask
+    merged to the T + D [+ R] layout, with the proportional-attention bias when enabled.
+    None (recorded as an unmerged block run) when the mask has another layout."""
+    g = ctx.geometry
+    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(image))
+    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, g.tokens, length)
+    if why:
+        ctx.record_block(False, why)
+        return None
+    bias = plan.size_bias() if ctx.settings.proportional_attention else None
+    return plan, add_key_bias(mask, bias, text_len, length - g.tokens + plan.num_kept, image.dtype)
 
 
 def features(x: torch.Tensor) -> torch.Tensor:

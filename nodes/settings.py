@@ -17,7 +17,8 @@ CALL_KEY = "comfyui_toma_call"
 """transformer_options key of the per-model-call context (set by the APPLY_MODEL wrapper)."""
 
 SCOPES = ("block", "attention")
-"""block: whole transformer blocks run on merged tokens. attention: only attention (UNet only)."""
+"""block: whole transformer blocks run on merged tokens. attention: only attention runs merged (UNet:
+attn1/attn2; Flux family: double blocks' attention, single blocks whole, as the reference code)."""
 
 NODE_START_PERCENT = 0.75
 """The nodes' default start_percent: merge in the last quarter of the run only (issue 11 point 5).

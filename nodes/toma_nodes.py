@@ -105,7 +105,9 @@ def advanced_inputs() -> list:
         io.Combo.Input(
             "scope", options=list(SCOPES), default=SCOPES[0],
             tooltip="block: whole transformer blocks run on merged tokens (fastest). attention: only "
-            "the attention runs merged (UNet only; most compatible).",
+            "the attention runs merged, closer to the unpatched image and slower (UNet: self- and "
+            "cross-attention; Flux family: double blocks' attention, single blocks whole, as the "
+            "ToMA reference code).",
         ),
         io.Boolean.Input(
             "verbose", default=False,

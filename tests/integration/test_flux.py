@@ -53,6 +53,26 @@ def test_attention_runs_on_fewer_tokens(tiny_flux: Any, tiny: Any, toma: Any) ->
     assert rel(out, baseline) > 1e-3
 
 
+def test_scope_attention_merges_double_block_attention(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    """Scope attention (issue 11): every attention, double (attention only) and single (whole
+    block), runs on T + D tokens; another override on the model still sees every call; the
+    image differs from both the unpatched and the block-scope run."""
+    plain = tiny.sample(tiny_flux, FLUX_LATENT, steps=2)
+    merged, lengths = record_attention(patch(toma, tiny_flux, ratio=0.5, tile_size=4, blocks="all", scope="attention"))
+    out = tiny.sample(merged, FLUX_LATENT, steps=2)
+    block = tiny.sample(patch(toma, tiny_flux, ratio=0.5, tile_size=4, blocks="all"), FLUX_LATENT, steps=2)
+    assert lengths == [TEXT + 32] * 8
+    assert rel(out, plain) > 1e-3 and rel(out, block) > 1e-3
+    zero = patch(toma, tiny_flux, ratio=0.0, blocks="all", scope="attention")
+    assert torch.equal(tiny.sample(zero, FLUX_LATENT, steps=2), plain)
+
+
+def test_scope_attention_double_only_keeps_single_blocks_whole(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    merged, lengths = record_attention(patch(toma, tiny_flux, blocks="double:0-1", scope="attention", proportional_attention=True))
+    tiny.sample(merged, FLUX_LATENT, steps=1)
+    assert lengths == [TEXT + 32, TEXT + 32, TEXT + 64, TEXT + 64]
+
+
 def test_auto_and_listed_blocks_merge_only_those(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     merged, lengths = record_attention(patch(toma, tiny_flux, blocks="double:1,single:0"))
     tiny.sample(merged, FLUX_LATENT, steps=1)
@@ -245,8 +265,6 @@ def test_unsupported_model_is_refused(tiny_flux: Any, toma: Any) -> None:
 
     with pytest.raises(ValueError, match=r"torch\.nn\.modules\.linear\.Linear.*supported families: Flux"):
         toma.patching.patch_model(Patcher(), toma.settings.ToMASettings())
-    with pytest.raises(ValueError, match="scope='attention'"):
-        patch(toma, tiny_flux, scope="attention")
     with pytest.raises(ValueError, match="double range 0-7"):
         patch(toma, tiny_flux, blocks="double:0-7")
 

@@ -1,0 +1,85 @@
+"""Flux scope "attention": a double block merges its attention only (issue 11 point 4).
+
+The reference ToMA Flux code merges a double block's normed image tokens before the q/k/v
+projections and unmerges the attention output before the output projection; norms, gates,
+projections and the MLP stay at N tokens (research/toma_algorithm.md §3, "Double-stream blocks").
+ComfyUI's DoubleStreamBlock offers no hook between those layers, but every attention call goes
+through `transformer_options["optimized_attention_override"]`. So for one block call this module
+puts an override there that, given the block's q, k, v (B, H, L, hd) after qk-norm and rope
+(L = T + N [+ R], text first):
+
+    q_m, k_m, v_m = [txt; M·img; ref] of each               (B, H, T + D [+ R], hd)
+    out = attention(q_m, k_m, v_m, merged mask)              (B, T + D [+ R], H·hd)
+    return [txt; U·out_img; ref]                             (B, L, H·hd)
+
+Merging is linear and M's rows sum to 1, so M·(x W + b) = (M·x) W + b: merging q/k/v equals the
+reference's merge before the projections, except that qk-norm and rope act per token before the
+merge (a merged key averages its tokens' rotated keys instead of taking its destination's
+position). Only the attention itself gets cheaper, so this scope trades speed for quality.
+Single blocks keep merging whole, as in the reference. Another pack's override on the model
+stays in charge of the kernel: it receives the merged q, k, v.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from einops import rearrange
+
+from ..toma_core import MergePlan
+
+Override = Callable[..., torch.Tensor]
+
+
+def attention_options(options: dict | None, plan: MergePlan, text_len: int, mask: torch.Tensor | None) -> dict:
+    """A copy of a block call's transformer_options whose attention runs on merged image tokens.
+
+    plan: this call's plan over the N image tokens at [text_len, text_len + N) of the attention
+    sequence. mask: the attention mask already merged to the T + D [+ R] layout (or None).
+    """
+    options = dict(options or {})
+    options["optimized_attention_override"] = merged_attention(
+        plan, text_len, mask, options.get("optimized_attention_override"),
+    )
+    return options
+
+
+def merged_attention(plan: MergePlan, text_len: int, mask: torch.Tensor | None, inner: Override | None) -> Override:
+    """An optimized_attention_override running `func` on q/k/v with the image span merged."""
+    n = plan.num_tokens
+
+    def override(func, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not kwargs.get("skip_reshape") or q.shape[2] < text_len + n:
+            raise ValueError(
+                f"ToMA scope 'attention' expected Flux's (B, H, L, hd) attention with L >= {text_len + n}, "
+                f"got q of shape {tuple(q.shape)}; use scope 'block' for this model"
+            )
+        merged = [merge_heads(t, plan, text_len) for t in (q, k, v)]
+        kwargs["mask"] = mask
+        call = func if inner is None else lambda *a, **kw: inner(func, *a, **kw)
+        out = call(*merged, heads, *args, **kwargs)
+        return unmerge_rows(out, plan, text_len, kwargs.get("skip_output_reshape", False))
+
+    return override
+
+
+def merge_heads(t: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
+    """t (B, H, L, hd) -> (B, H, L - N + D, hd): the rows [start, start + N) merged to D."""
+    n, heads = plan.num_tokens, t.shape[1]
+    span = plan.merge(rearrange(t[:, :, start:start + n], "b h n e -> b n (h e)"))
+    span = rearrange(span, "b d (h e) -> b h d e", h=heads)
+    return torch.cat([t[:, :, :start], span, t[:, :, start + n:]], dim=2)
+
+
+def unmerge_rows(out: torch.Tensor, plan: MergePlan, start: int, heads_first: bool) -> torch.Tensor:
+    """Attention output (B, L - N + D, H·hd), or (B, H, L - N + D, hd) when heads_first, back to
+    L rows: the D merged rows at `start` become U·rows (N)."""
+    d = plan.num_kept
+    if heads_first:
+        heads = out.shape[1]
+        flat = rearrange(out, "b h l e -> b l (h e)")
+        return rearrange(unmerge_rows(flat, plan, start, False), "b l (h e) -> b h l e", h=heads)
+    span = plan.unmerge(out[:, start:start + d])
+    return torch.cat([out[:, :start], span, out[:, start + d:]], dim=1)
