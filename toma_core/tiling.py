@@ -1,5 +1,8 @@
-"""Geometry of the tile grid: how an h x w token grid is cut into tiles and how many tokens
-each tile keeps (ToMA §3.2, "locality").
+"""Geometry of the tile grid: how a t x h x w token grid is cut into tiles and how many tokens
+each tile keeps (ToMA §3.2, "locality"; the frame axis t is issue 12's spatio-temporal tiles).
+
+Tokens are t-major (frame, then row, then column), as a video DiT patchifies a (B, C, T, H, W)
+latent; an image is the t = 1 case.
 
 Tiles are a reshape + permute of the (zero-padded) grid, never a gather. A grid that the tile
 does not divide is padded; padded positions are masked, and every tile keeps a number of
@@ -26,9 +29,11 @@ def kept_per_tile(real: int, ratio: float) -> int:
 
 @dataclass(frozen=True)
 class TileGrid:
-    """An h x w raster grid cut into th x tw tiles (th = min(tile_size, h), tw likewise).
+    """A frames x height x width t-major grid cut into tt x th x tw tiles (th = min(tile_size,
+    height), tw likewise, tt = min(tile_frames, frames)).
 
-    G = gh * gw tiles of n = th * tw positions; k = the most destinations any tile keeps.
+    G = gt * gh * gw tiles of n = tt * th * tw positions, in (frame block, row block, column
+    block) order; k = the most destinations any tile keeps.
     """
 
     height: int
@@ -37,10 +42,18 @@ class TileGrid:
     ratio: float
     th: int = field(init=False)
     tw: int = field(init=False)
+    frames: int = 1
+    tile_frames: int = 1
+    tt: int = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "th", min(self.tile_size, self.height))
         object.__setattr__(self, "tw", min(self.tile_size, self.width))
+        object.__setattr__(self, "tt", min(self.tile_frames, self.frames))
+
+    @property
+    def gt(self) -> int:
+        return -(-self.frames // self.tt)
 
     @property
     def gh(self) -> int:
@@ -52,22 +65,28 @@ class TileGrid:
 
     @property
     def num_tiles(self) -> int:
-        return self.gh * self.gw
+        return self.gt * self.gh * self.gw
 
     @property
     def tile_tokens(self) -> int:
-        return self.th * self.tw
+        return self.tt * self.th * self.tw
+
+    @property
+    def num_tokens(self) -> int:
+        """N = frames * height * width."""
+        return self.frames * self.height * self.width
 
     @property
     def padded(self) -> bool:
-        return self.gh * self.th != self.height or self.gw * self.tw != self.width
+        return self.gt * self.tt != self.frames or self.gh * self.th != self.height or self.gw * self.tw != self.width
 
     @property
     def real_counts(self) -> list[int]:
         """Real (unpadded) tokens of each tile, in tile order."""
+        spans = [min(self.tt, self.frames - i * self.tt) for i in range(self.gt)]
         rows = [min(self.th, self.height - i * self.th) for i in range(self.gh)]
         cols = [min(self.tw, self.width - j * self.tw) for j in range(self.gw)]
-        return [r * c for r in rows for c in cols]
+        return [f * r * c for f in spans for r in rows for c in cols]
 
     @property
     def max_real(self) -> int:
@@ -89,7 +108,8 @@ class TileGrid:
 
     @property
     def keeps_all(self) -> bool:
-        return self.num_kept == self.height * self.width
+        return self.num_kept == self.num_tokens
+
 
     @property
     def uniform(self) -> bool:
@@ -97,11 +117,13 @@ class TileGrid:
         return all(c == self.k for c in self.keep_counts)
 
     def raster_index(self, device: torch.device | None = None) -> torch.Tensor:
-        """(G, n) raster index of every tile position; padded positions hold -1."""
-        rows = torch.arange(self.gh * self.th, device=device).view(-1, 1)
-        cols = torch.arange(self.gw * self.tw, device=device).view(1, -1)
-        index = torch.where((rows < self.height) & (cols < self.width), rows * self.width + cols, -1)
-        return rearrange(index, "(gh th) (gw tw) -> (gh gw) (th tw)", th=self.th, tw=self.tw)
+        """(G, n) t-major raster index of every tile position; padded positions hold -1."""
+        frames = torch.arange(self.gt * self.tt, device=device).view(-1, 1, 1)
+        rows = torch.arange(self.gh * self.th, device=device).view(1, -1, 1)
+        cols = torch.arange(self.gw * self.tw, device=device).view(1, 1, -1)
+        real = (frames < self.frames) & (rows < self.height) & (cols < self.width)
+        index = torch.where(real, (frames * self.height + rows) * self.width + cols, -1)
+        return rearrange(index, "(gt tt) (gh th) (gw tw) -> (gt gh gw) (tt th tw)", tt=self.tt, th=self.th, tw=self.tw)
 
     def pad_mask(self, device: torch.device | None = None) -> torch.Tensor:
         """(G, n) bool, True at padded positions."""
@@ -129,15 +151,17 @@ class TileGrid:
         return torch.tensor(kept, device=device), torch.tensor(source, device=device)
 
     def fold(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) raster tokens -> (B, G, n, C) tiles (padding is zeros)."""
-        grid = x.view(x.shape[0], self.height, self.width, x.shape[-1])
+        """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros)."""
+        grid = x.view(x.shape[0], self.frames, self.height, self.width, x.shape[-1])
         if self.padded:
-            pad_h, pad_w = self.gh * self.th - self.height, self.gw * self.tw - self.width
-            grid = torch.nn.functional.pad(grid, (0, 0, 0, pad_w, 0, pad_h))
-        return rearrange(grid, "b (gh th) (gw tw) c -> b (gh gw) (th tw) c", th=self.th, tw=self.tw)
+            pad_t, pad_h, pad_w = self.gt * self.tt - self.frames, self.gh * self.th - self.height, self.gw * self.tw - self.width
+            grid = torch.nn.functional.pad(grid, (0, 0, 0, pad_w, 0, pad_h, 0, pad_t))
+        return rearrange(grid, "b (gt tt) (gh th) (gw tw) c -> b (gt gh gw) (tt th tw) c", tt=self.tt, th=self.th, tw=self.tw)
 
     def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
-        """(B, G, n, C) tiles -> (B, N, C) raster tokens (padding dropped)."""
-        grid = rearrange(tiles, "b (gh gw) (th tw) c -> b (gh th) (gw tw) c", gh=self.gh, th=self.th)
-        grid = grid[:, : self.height, : self.width]
-        return grid.reshape(grid.shape[0], self.height * self.width, grid.shape[-1])
+        """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped)."""
+        grid = rearrange(
+            tiles, "b (gt gh gw) (tt th tw) c -> b (gt tt) (gh th) (gw tw) c", gt=self.gt, gh=self.gh, tt=self.tt, th=self.th,
+        )
+        grid = grid[:, : self.frames, : self.height, : self.width]
+        return grid.reshape(grid.shape[0], self.num_tokens, grid.shape[-1])
