@@ -82,7 +82,7 @@ class TiledMergePlan(MergePlan):
     """
 
     def __init__(self, grid: TileGrid, dst: torch.Tensor, assign: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        super().__init__(assign.shape[0], grid.height * grid.width, assign.device)
+        super().__init__(assign.shape[0], grid.num_tokens, assign.device)
         self.grid = grid
         self.dst = dst
         self.assign = assign
@@ -230,10 +230,13 @@ def make_plan(
     similarity: str = "cosine",
     temperature: float = 1e-3,
     budget: str = "tile",
+    frames: int = 1,
+    tile_frames: int = 1,
 ) -> MergePlan:
     """Choose destinations per sample and tile, and build the merge/unmerge matrices.
 
-    features: (B, N, C) with N = height * width in raster order (the block's input tokens).
+    features: (B, N, C) with N = frames * height * width in t-major raster order (the block's
+    input tokens); tiles span tile_frames frames (issue 12: video tokens).
     ratio in [0, 1): share of tokens merged away; D = sum over tiles of round(n_real * (1 - ratio)),
     at least 1 per tile. tile_size >= 1 tokens per side (clamped to the grid). similarity:
     "cosine" (paper), "centered_cosine" or "neg_sq_dist". temperature >= 0:
@@ -246,14 +249,16 @@ def make_plan(
     check_similarity(similarity)
     if budget not in BUDGETS:
         raise ValueError(f"budget={budget!r} is not supported; use one of {', '.join(BUDGETS)}")
-    if features.dim() != 3 or features.shape[1] != height * width:
+    if int(frames) != frames or frames < 1 or int(tile_frames) != tile_frames or tile_frames < 1:
+        raise ValueError(f"frames={frames} and tile_frames={tile_frames} must be integers >= 1")
+    grid = TileGrid(height, width, int(tile_size), float(ratio), frames=int(frames), tile_frames=int(tile_frames))
+    if features.dim() != 3 or features.shape[1] != grid.num_tokens:
         raise ValueError(
-            f"features shape {tuple(features.shape)} does not match the grid: expected (B, {height}*{width}"
-            f"={height * width}, C); pass the image tokens only, with the latent grid's height and width"
+            f"features shape {tuple(features.shape)} does not match the grid: expected (B, {frames}*{height}*{width}"
+            f"={grid.num_tokens}, C); pass the image tokens only, with the latent grid's frames, height and width"
         )
-    grid = TileGrid(height, width, int(tile_size), float(ratio))
     if grid.keeps_all:
-        return MergePlan(features.shape[0], height * width, features.device)
+        return MergePlan(features.shape[0], grid.num_tokens, features.device)
     tiles = grid.fold(prepare_features(features, similarity))
     sim = pairwise(tiles, similarity)
     pad = grid.pad_mask(features.device).expand(sim.shape[:-1])
