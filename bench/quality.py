@@ -24,7 +24,8 @@ latent is decoded with the fixture's pixel codec (``trained.decode``). Per row:
   PSNR is above it.
 
 Rows are data (``ROWS``): a group, a label, an optional step fraction and a chain of
-(node, inputs). Inputs a node does not have (``merge_every`` before it exists) skip the row; so
+(node, inputs). ToMA rows pin every basic input (``PINNED``, the paper's every-step schedule, plus
+what the label names); only "ToMA node defaults" follows the node's current defaults. Inputs a node does not have (``merge_every`` before it exists) skip the row; so
 do rows for other families (``only``) and node inputs the node rejects (ValueError). The blocks
 value "later" stands for the later half of the model's blocks (Flux: the second half of each
 stream; UNet: the output blocks).
@@ -77,9 +78,14 @@ Measured on the fixtures (1 seed, 20 steps): EasyCache skips 0/4/6/8 of 20 steps
 on SDXL at 0.02/0.05/0.1/0.2; LazyCache 0/5/7 (Flux) and 5/6/8 (SDXL) at 0.05/0.1/0.2."""
 
 
+PINNED = {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, "recompute_every": 1, "merge_every": 1}
+"""The basic inputs of every ToMA row but "ToMA node defaults": the paper's schedule (merge on every
+step), so a row's label names everything it changes and a new node default cannot relabel a row."""
+
+
 def _toma(label: str, group: str, quick: bool = False, node: str = "ToMAPatch", only: tuple[str, ...] = (),
           **inputs: Any) -> dict[str, Any]:
-    return {"label": label, "group": group, "quick": quick, "only": only, "chain": [(node, inputs)]}
+    return {"label": label, "group": group, "quick": quick, "only": only, "chain": [(node, PINNED | inputs)]}
 
 
 def _adv(label: str, **inputs: Any) -> dict[str, Any]:
@@ -97,7 +103,7 @@ ROWS: list[dict[str, Any]] = [
     *({"label": f"steps x{f:g}", "group": "fewer steps", "quick": f == 0.75, "only": (), "chain": [],
        "steps": f} for f in STEP_FRACTIONS),
     _toma("ToMA 0 (identity)", "check", quick=True, ratio=0.0),
-    _toma("ToMA node defaults", "ToMA defaults", quick=True),
+    {"label": "ToMA node defaults", "group": "ToMA defaults", "quick": True, "only": (), "chain": [("ToMAPatch", {})]},
     _toma("ToMA 0.25", "ToMA ratio", ratio=0.25),
     _toma("ToMA 0.5", "ToMA ratio", ratio=0.5),
     _toma("ToMA 0.75", "ToMA ratio", ratio=0.75),
@@ -123,11 +129,17 @@ ROWS: list[dict[str, Any]] = [
     _adv("ToMA 0.5 temperature 0.05", ratio=0.5, temperature=0.05),
     _adv("ToMA 0.5 budget adaptive", ratio=0.5, budget="adaptive"),
     _adv("ToMA 0.5 proportional", ratio=0.5, proportional_attention=True, only=("flux",)),
-    _adv("ToMA 0.5 scope attention", ratio=0.5, scope="attention", only=("sdxl", "sd15")),
+    _adv("ToMA 0.5 scope attention", ratio=0.5, scope="attention"),
+    _adv("ToMA 0.5 unmerge hard", ratio=0.5, unmerge="hard"),
+    _adv("ToMA 0.5 unmerge output", ratio=0.5, unmerge="output"),
+    _adv("ToMA 0.5 start 0.75 blocks later", ratio=0.5, start_percent=0.75, blocks="later"),
+    _adv("ToMA 0.5 start 0.75 centered_cosine", ratio=0.5, start_percent=0.75, similarity="centered_cosine"),
+    _adv("ToMA 0.5 start 0.75 scope attention", ratio=0.5, start_percent=0.75, scope="attention"),
+    _adv("ToMA 0.75 start 0.75 scope attention", ratio=0.75, start_percent=0.75, scope="attention"),
     *(_cache("EasyCache", t, quick=t == 0.1) for t in EASYCACHE_THRESHOLDS),
     *(_cache("LazyCache", t) for t in LAZYCACHE_THRESHOLDS),
     *({"label": f"ToMA 0.5 + EasyCache {t:g}", "group": "ToMA + EasyCache", "quick": False, "only": (),
-       "chain": [("ToMAPatch", {"ratio": 0.5}), ("EasyCache", {"reuse_threshold": t})]} for t in COMBINED_THRESHOLDS),
+       "chain": [("ToMAPatch", PINNED), ("EasyCache", {"reuse_threshold": t})]} for t in COMBINED_THRESHOLDS),
     *({"label": f"ToMe {r:g}", "group": "ToMe", "quick": False, "only": ("sd15",),
        "chain": [("TomePatchModel", {"ratio": r})]} for r in (0.3, 0.5)),
 ]

@@ -7,6 +7,7 @@ Rows are quality.RowResult objects (duck-typed: family, label, group, speedup, p
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -128,19 +129,30 @@ def combined_lines(rows: list[Any]) -> list[str]:
     return lines
 
 
-def _toma_ratio(row: Any) -> float | None:
-    """The ratio of the row's single ToMA node, None for other chains."""
+def _toma_inputs(row: Any) -> dict[str, Any] | None:
+    """The inputs of the row's single ToMA node, None for other chains."""
     toma = [c for c in row.params.get("chain", []) if c["node"].startswith("ToMAPatch")]
-    return toma[0]["inputs"]["ratio"] if len(toma) == 1 and len(row.params["chain"]) == 1 else None
+    return toma[0]["inputs"] if len(toma) == 1 and len(row.params["chain"]) == 1 else None
+
+
+def _base_key(row: Any) -> tuple[float, float] | None:
+    inputs = _toma_inputs(row)
+    return None if inputs is None else (inputs["ratio"], inputs["start_percent"])
+
+
+BASE_LABEL = re.compile(r"^ToMA [\d.]+( start [\d.]+)?$")
+"""Rows that set only ratio (and start_percent): what a lever row is compared with."""
 
 
 def lever_lines(rows: list[Any]) -> list[str]:
-    """Each lever (a schedule or advanced row) against plain ToMA at the same ratio (issue 11 point 4)."""
-    base = {_toma_ratio(r): r for r in rows if r.group == "ToMA ratio" and r.skipped is None}
+    """Each lever (a schedule or advanced row) against plain ToMA at the same ratio and start (issue 11
+    point 4)."""
+    base = {_base_key(r): r for r in rows if BASE_LABEL.match(r.label) and r.group.startswith("ToMA") and r.skipped is None}
     lines = ["| lever | against | speed-up | PSNR (dB) | change (dB) | beats fewer steps |", "|---|---|---:|---:|---:|:---:|"]
     for r in rows:
-        b = base.get(_toma_ratio(r)) if r.group in ("ToMA schedule", "ToMA advanced") and r.skipped is None else None
-        if b is not None:
+        levers = r.group in ("ToMA schedule", "ToMA advanced") and r.skipped is None
+        b = base.get(_base_key(r)) if levers else None
+        if b is not None and b is not r:
             lines.append(f"| {r.label} | {b.label} | {b.speedup:.2f}x -> {r.speedup:.2f}x | "
                          f"{_num(b.psnr_mean, '.1f')} -> {_num(r.psnr_mean, '.1f')} | "
                          f"{_num(r.psnr_mean - b.psnr_mean, '+.1f')} | {_beats(r.beats_fewer_steps)} |")

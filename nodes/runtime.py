@@ -224,6 +224,7 @@ class CallContext:
             plan = make_plan(
                 features(), height, width, settings.ratio, settings.tile_size,
                 similarity=settings.similarity, temperature=settings.temperature, budget=settings.budget,
+                unmerge=settings.unmerge,
             )
             self.plans[key] = plan
         return plan

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..toma_core import BUDGETS, SIMILARITIES, MergeSchedule
+from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
 
 TOMA_KEY = "comfyui_toma"
 """Pack-unique key: wrappers, the per-run state in transformer_options, log prefixes."""
@@ -49,7 +49,8 @@ class ToMASettings:
     token -> destination assignment (0 = hard). budget: one of toma_core.BUDGETS ("tile": every
     tile keeps the same share, as in the paper; "adaptive": the same total per sample, shared out
     by content). proportional_attention: add log(cluster size) to each merged key's attention
-    logits (Flux family only). scope: one of SCOPES. verbose: log per-call detail.
+    logits (Flux family only). scope: one of SCOPES. verbose: log per-call detail. unmerge: one of
+    toma_core.UNMERGES (how a merged block's result returns to N tokens).
     """
 
     ratio: float = 0.5
@@ -63,6 +64,7 @@ class ToMASettings:
     proportional_attention: bool = False
     scope: str = "block"
     verbose: bool = False
+    unmerge: str = "delta"
 
     def __post_init__(self) -> None:
         _check_range("ratio", self.ratio, *RATIO_RANGE, "share of image tokens merged away")
@@ -75,6 +77,8 @@ class ToMASettings:
             raise ValueError(f"similarity={self.similarity!r} is not one of {', '.join(SIMILARITIES)}")
         if self.budget not in BUDGETS:
             raise ValueError(f"budget={self.budget!r} is not one of {', '.join(BUDGETS)}")
+        if self.unmerge not in UNMERGES:
+            raise ValueError(f"unmerge={self.unmerge!r} is not one of {', '.join(UNMERGES)}")
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
         if not isinstance(self.blocks, str) or not self.blocks.strip():
@@ -94,6 +98,7 @@ class ToMASettings:
         return (
             f"ratio {self.ratio:g}, tile {self.tile_size}, budget {self.budget}, blocks {self.blocks}, "
             f"{'proportional attention, ' if self.proportional_attention else ''}"
+            f"{'' if self.unmerge == 'delta' else f'unmerge {self.unmerge}, '}"
             f"window {s.start_percent:g}-{s.end_percent:g}, merge every {s.merge_every}, "
             f"recompute every {s.recompute_every}"
         )

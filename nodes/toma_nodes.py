@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..toma_core import BUDGETS, SIMILARITIES, MergeSchedule
+from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
 from .patching import patch_model
 from .settings import NODE_START_PERCENT, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_SIZE_RANGE, ToMASettings
 
@@ -65,6 +65,17 @@ def merge_every_input() -> io.Int.Input:
         "it merges) and run the steps between unmerged; 1 = every step. The paper's Flux setting "
         "is 3 (steps 0, 3, 6, ...). Fewer merged steps: less speed-up, fewer merging errors. "
         "recompute_every counts sampling steps too, not merged steps.",
+    )
+
+
+def unmerge_input() -> io.Combo.Input:
+    """After merge_every on the Advanced node (positional widgets_values, see merge_every_input)."""
+    return io.Combo.Input(
+        "unmerge", options=list(UNMERGES), default=UNMERGES[0],
+        tooltip="How a merged block's result returns to every token. delta: each token keeps its "
+        "own input and adds its destinations' change (closest to the unpatched image). hard: the "
+        "change of its one most similar destination. output: its destinations' output, dropping "
+        "its own detail (softer images).",
     )
 
 
@@ -149,18 +160,21 @@ class ToMAPatch(io.ComfyNode):
 class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return node_schema("ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input()])
+        return node_schema(
+            "ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input(), unmerge_input()],
+        )
 
     @classmethod
     def execute(
         cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
         blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, merge_every,
+        unmerge,
     ) -> io.NodeOutput:
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, blocks=blocks,
             min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
             budget=budget, proportional_attention=bool(proportional_attention), scope=scope,
-            verbose=bool(verbose),
+            verbose=bool(verbose), unmerge=unmerge,
         )
         return io.NodeOutput(patch_model(model, settings))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toma_core import BUDGETS, SIMILARITIES, MergePlan, TiledMergePlan, make_plan
+from toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergePlan, TiledMergePlan, make_plan
 
 GRIDS = [(64, 48, 4), (37, 53, 4), (1, 100, 4), (3, 3, 4), (5, 7, 3), (16, 16, 8), (2, 9, 2)]
 
@@ -102,11 +102,34 @@ def test_merge_other_widths_and_take() -> None:
     assert torch.equal(taken[:, 0, :, 0].long(), plan.dst_index)
 
 
-def test_residual_form_keeps_token_detail() -> None:
+@pytest.mark.parametrize("unmerge", ["delta", "hard"])
+def test_residual_form_keeps_token_detail(unmerge: str) -> None:
     x = tokens(1, 64, 8)
-    plan = make_plan(x, 8, 8, 0.5, 4)
+    plan = make_plan(x, 8, 8, 0.5, 4, temperature=0.05, unmerge=unmerge)
     merged = plan.merge(x)
     torch.testing.assert_close(plan.unmerge_residual(x, merged, merged), x)
+
+
+def test_unmerge_variants() -> None:
+    """hard: every token takes one destination's value (one-hot rows of U), the soft U's largest;
+    output: a block that changes nothing still replaces each token by its destinations' mix."""
+    x = tokens(2, 64, 8)
+    soft, hard, output = (make_plan(x, 8, 8, 0.5, 4, temperature=0.05, unmerge=u) for u in UNMERGES)
+    eye = torch.eye(soft.num_kept).expand(2, -1, -1)
+    u_soft, u_hard = soft.unmerge(eye), hard.unmerge(eye)
+    assert torch.equal((u_hard > 0).sum(-1), torch.ones(2, 64, dtype=torch.long))
+    assert torch.equal(u_hard.argmax(-1), u_soft.argmax(-1))
+    assert not torch.allclose(u_soft, u_hard)
+    merged = output.merge(x)
+    torch.testing.assert_close(output.unmerge_residual(x, merged, merged), output.unmerge(merged))
+    assert not torch.allclose(output.unmerge_residual(x, merged, merged), x)
+
+
+def test_hard_unmerge_equals_soft_at_temperature_zero() -> None:
+    x = tokens(2, 64, 8)
+    soft, hard = (make_plan(x, 8, 8, 0.5, 4, temperature=0.0, unmerge=u) for u in ("delta", "hard"))
+    y = tokens(2, soft.num_kept, 8, seed=1)
+    assert torch.equal(soft.unmerge(y), hard.unmerge(y))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -135,6 +158,7 @@ def test_float_features_in_other_dtype_than_tokens() -> None:
         ({"similarity": "dot"}, r"similarity='dot' is not supported"),
         ({"temperature": -1.0}, r"temperature=-1.0 must be >= 0"),
         ({"budget": "global"}, r"budget='global' is not supported"),
+        ({"unmerge": "copy"}, r"unmerge='copy' is not supported"),
     ],
 )
 def test_illegal_arguments_raise_clear_errors(kwargs: dict, match: str) -> None:

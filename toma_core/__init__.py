@@ -9,7 +9,7 @@ n tokens per tile, k destinations per tile.
 from __future__ import annotations
 
 from .facility import facility_location, greedy_with_gains
-from .plan import BUDGETS, MergePlan, TiledMergePlan, check_plan_args, make_plan
+from .plan import BUDGETS, UNMERGES, MergePlan, TiledMergePlan, check_plan_args, make_plan
 from .schedule import MergeSchedule, SigmaWindow, StepDecision, step_index
 from .similarity import SIMILARITIES
 from .tiling import TileGrid, kept_per_tile
@@ -17,6 +17,7 @@ from .tiling import TileGrid, kept_per_tile
 __all__ = [
     "BUDGETS",
     "SIMILARITIES",
+    "UNMERGES",
     "MergePlan",
     "MergeSchedule",
     "SigmaWindow",

@@ -81,14 +81,18 @@ class TiledMergePlan(MergePlan):
     slot of each kept token, source (B|1, G*k) the kept token each slot reads on unmerge).
     """
 
-    def __init__(self, grid: TileGrid, dst: torch.Tensor, assign: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    def __init__(
+        self, grid: TileGrid, dst: torch.Tensor, assign: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None,
+        unmerge: str = "delta",
+    ) -> None:
         super().__init__(assign.shape[0], grid.num_tokens, assign.device)
         self.grid = grid
         self.dst = dst
         self.assign = assign
         self.maps = maps
+        self.unmerge_mode = unmerge
         self._merge = assign / assign.sum(-1, keepdim=True).clamp_min(1e-12)
-        self._unmerge = assign.transpose(-1, -2)
+        self._unmerge = (hard_assignment(assign) if unmerge == "hard" else assign).transpose(-1, -2)
         self._cast_cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
         self._index = self._raster_destinations()
 
@@ -146,6 +150,8 @@ class TiledMergePlan(MergePlan):
         return self.grid.unfold(self._matrix("unmerge", y) @ tiles)
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
+        if self.unmerge_mode == "output":
+            return self.unmerge(merged_out)
         return x + self.unmerge(merged_out - merged_in)
 
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -219,6 +225,19 @@ def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.
 
 BUDGETS = ("tile", "adaptive")
 
+UNMERGES = ("delta", "hard", "output")
+"""How a block's merged result returns to N tokens (issue 11 point 4). delta: x + U(f(Mx) - Mx),
+each token adds the soft mix of its destinations' changes (default). hard: the same with each
+token taking its most similar destination's change alone. output: U f(Mx), each token replaced by
+its destinations' outputs (the block's own detail between tokens of a cluster is lost)."""
+
+
+def hard_assignment(assign: torch.Tensor) -> torch.Tensor:
+    """(B, G, k, n) soft assignment -> one-hot on each token's largest weight (zero columns stay zero)."""
+    best = assign.argmax(dim=-2, keepdim=True)
+    slots = torch.arange(assign.shape[-2], device=assign.device).view(-1, 1)
+    return ((slots == best) & (assign.sum(-2, keepdim=True) > 0)).to(assign.dtype)
+
 
 def make_plan(
     features: torch.Tensor,
@@ -230,6 +249,7 @@ def make_plan(
     similarity: str = "cosine",
     temperature: float = 1e-3,
     budget: str = "tile",
+    unmerge: str = "delta",
     frames: int = 1,
     tile_frames: int = 1,
 ) -> MergePlan:
@@ -243,12 +263,15 @@ def make_plan(
     softmax(sim / temperature) over destinations; the paper's tau = 1000 is temperature 1e-3,
     0 is a hard assignment. budget: "tile" keeps the same share of every tile (paper);
     "adaptive" shares the same D over the tiles of each sample by facility-location gain.
+    unmerge: one of UNMERGES (how `unmerge_residual` returns a block's result to N tokens).
     A plan that would keep every token is the exact no-op `MergePlan`.
     """
     check_plan_args(height, width, ratio, tile_size, temperature)
     check_similarity(similarity)
     if budget not in BUDGETS:
         raise ValueError(f"budget={budget!r} is not supported; use one of {', '.join(BUDGETS)}")
+    if unmerge not in UNMERGES:
+        raise ValueError(f"unmerge={unmerge!r} is not supported; use one of {', '.join(UNMERGES)}")
     if int(frames) != frames or frames < 1 or int(tile_frames) != tile_frames or tile_frames < 1:
         raise ValueError(f"frames={frames} and tile_frames={tile_frames} must be integers >= 1")
     grid = TileGrid(height, width, int(tile_size), float(ratio), frames=int(frames), tile_frames=int(tile_frames))
@@ -274,4 +297,4 @@ def make_plan(
     assign = assignment(dst_sim, slot_valid, temperature)
     if temperature == 0:
         assign = own_destinations(assign, dst, slot_valid)
-    return TiledMergePlan(grid, dst, assign.masked_fill(pad.unsqueeze(-2), 0.0), maps)
+    return TiledMergePlan(grid, dst, assign.masked_fill(pad.unsqueeze(-2), 0.0), maps, unmerge)

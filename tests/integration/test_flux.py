@@ -195,7 +195,7 @@ def merge_every_node(toma: Any, model: Any, merge_every: int, recompute_every: i
     """The Advanced node as a user wires it: ratio 0.5, tile 4, every block, this schedule."""
     return toma.nodes.ToMAPatchAdvanced.execute(
         model, 0.5, 4, 0.0, 1.0, recompute_every,
-        "all", 0, "cosine", 0.001, "tile", False, "block", False, merge_every,
+        "all", 0, "cosine", 0.001, "tile", False, "block", False, merge_every, "delta",
     ).result[0]
 
 
@@ -323,7 +323,7 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert advanced.display_name == "ToMA Patch (Advanced)"
     assert [i.id for i in advanced.inputs][6:] == [  # merge_every last: saved workflows keep their values
         "blocks", "min_tokens", "similarity", "temperature", "budget", "proportional_attention", "scope", "verbose",
-        "merge_every",
+        "merge_every", "unmerge",
     ]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description
@@ -336,16 +336,16 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert torch.equal(tiny.sample(out.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))
     with pytest.raises(ValueError, match="ratio=0.99"):
         nodes.ToMAPatch.execute(tiny_flux, 0.99, 4, 0.0, 1.0, 1, 1)
-    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False, 1)
+    adv = nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 1000, "cosine", 0.001, "tile", False, "block", False, 1, "delta")
     assert torch.equal(tiny.sample(adv.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))  # min_tokens
     adaptive = nodes.ToMAPatchAdvanced.execute(
         tiny_flux, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001,
-        budget="adaptive", proportional_attention=True, scope="block", verbose=False, merge_every=1,
+        budget="adaptive", proportional_attention=True, scope="block", verbose=False, merge_every=1, unmerge="delta",
     )
     chosen = adaptive.result[0].model_options["transformer_options"][toma.settings.TOMA_KEY].config.settings
     assert (chosen.budget, chosen.proportional_attention) == ("adaptive", True)
     with pytest.raises(ValueError, match="budget='global'"):
-        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "global", False, "block", False, 1)
+        nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "global", False, "block", False, 1, "delta")
 
 
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:

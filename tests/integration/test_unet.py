@@ -438,11 +438,11 @@ def test_advanced_node_on_sdxl(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
     out = nodes.ToMAPatch.execute(tiny_sdxl, 0.0, 4, 0.0, 1.0, 1, 1)
     assert torch.equal(tiny.sample(out.result[0], LATENT), tiny.sample(tiny_sdxl, LATENT))
     adv = nodes.ToMAPatchAdvanced.execute(
-        tiny_sdxl, 0.5, 4, 0.0, 1.0, 1, "input:4-8,middle,output:0-5", 0, "cosine", 0.0, "tile", False, "block", False, 1,
+        tiny_sdxl, 0.5, 4, 0.0, 1.0, 1, "input:4-8,middle,output:0-5", 0, "cosine", 0.0, "tile", False, "block", False, 1, "delta",
     )
     assert rel(tiny.sample(adv.result[0], LATENT), tiny.sample(tiny_sdxl, LATENT)) > 1e-3
     with pytest.raises(ValueError, match="proportional_attention=True is available for Flux-family models only"):
-        nodes.ToMAPatchAdvanced.execute(tiny_sdxl, 0.5, 4, 0.0, 1.0, 1, "auto", 0, "cosine", 0.0, "tile", True, "block", False, 1)
+        nodes.ToMAPatchAdvanced.execute(tiny_sdxl, 0.5, 4, 0.0, 1.0, 1, "auto", 0, "cosine", 0.0, "tile", True, "block", False, 1, "delta")
 
 
 def test_bench_sdxl_runs(comfy: Any) -> None:
