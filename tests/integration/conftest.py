@@ -92,3 +92,20 @@ def any_tiny_model(request: pytest.FixtureRequest) -> Iterator[tuple[Any, tuple[
     tiny = request.getfixturevalue("tiny")
     model = request.getfixturevalue(f"tiny_{request.param}")
     yield model, tiny.FLUX_LATENT if request.param == "flux" else tiny.UNET_LATENT
+
+
+@pytest.fixture(scope="session")
+def live_server(comfy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A ComfyUI server (``main.py --cpu``) with this pack in its custom_nodes/, on a free port of
+    127.0.0.1, shared by the live tests (live_comfy.py); stopped in every case."""
+    import live_comfy
+
+    base = tmp_path_factory.mktemp("comfy_base")
+    live_comfy.prepare_base_directory(base)
+    server = live_comfy.start_server(comfy, base)
+    try:
+        waited = live_comfy.wait_until_ready(server)
+        log.info("ComfyUI answered /object_info after %.1f s", waited)
+        yield server
+    finally:
+        live_comfy.stop_server(server)

@@ -10,155 +10,29 @@ waits (bounded) until ``/object_info`` answers, then checks:
   workflow and its thumbnail unchanged;
 - every node type in our workflows is registered, and our nodes' widget values fit their inputs.
 
-The server is stopped in the fixture's ``finally``, also when a test or the start-up fails. Skipped
-(with the reason) without an importable ComfyUI, like the other integration tests. Start-up takes
-~10 s on an idle machine; ``TOMA_LIVE_SERVER_TIMEOUT`` (seconds, default 240) bounds the wait.
+The server (``live_comfy.py``, session fixture ``live_server`` in conftest.py) is stopped in the
+fixture's finaliser, also when a test or the start-up fails. Skipped (with the reason) without an
+importable ComfyUI, like the other integration tests. Start-up takes ~10 s on an idle machine;
+``TOMA_LIVE_SERVER_TIMEOUT`` (seconds, default 240) bounds the wait.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json, http_get
 from pack import pack_module
 from workflow_check import FRONTEND_ONLY
 
-log = logging.getLogger(__name__)
-
-PACK_ROOT = Path(__file__).resolve().parents[2]
-PACK_DIR_NAME = "ComfyUI-ToMA"
-HOST = "127.0.0.1"
-STARTUP_TIMEOUT_S = float(os.environ.get("TOMA_LIVE_SERVER_TIMEOUT", "240"))
-POLL_INTERVAL_S = 0.5
-REQUEST_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 20.0
 EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
 SOCKET_TYPES = {"MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET"}
 
 
 # ------------------------------------------------------------------------------------------------
-# Server lifecycle
-
-
-@dataclass
-class LiveServer:
-    url: str
-    process: subprocess.Popen
-    log_path: Path
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def prepare_base_directory(base: Path) -> None:
-    """<base>/custom_nodes/ComfyUI-ToMA -> this repository (only our pack is loaded)."""
-    custom_nodes = base / "custom_nodes"
-    custom_nodes.mkdir(parents=True)
-    (custom_nodes / PACK_DIR_NAME).symlink_to(PACK_ROOT, target_is_directory=True)
-
-
-def server_command(port: int, base: Path) -> list[str]:
-    return [
-        sys.executable, "main.py", "--cpu", "--listen", HOST, "--port", str(port),
-        "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
-        "--disable-auto-launch", "--disable-api-nodes",
-    ]
-
-
-def start_server(comfy_root: Path, base: Path) -> LiveServer:
-    port = free_port()
-    log_path = base / "server.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            server_command(port, base), cwd=comfy_root, stdout=log_file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=env,
-        )
-    log.info("started ComfyUI (pid %d) on %s:%d, log %s", process.pid, HOST, port, log_path)
-    return LiveServer(f"http://{HOST}:{port}", process, log_path)
-
-
-def wait_until_ready(server: LiveServer, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
-    """Poll /object_info until it answers 200; seconds waited. RuntimeError with the log otherwise."""
-    start = time.monotonic()
-    deadline = start + timeout_s
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"ComfyUI exited with code {server.process.returncode}:\n{server.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/object_info", timeout=REQUEST_TIMEOUT_S) as answer:
-                if answer.status == 200:
-                    return time.monotonic() - start
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(POLL_INTERVAL_S)
-    raise RuntimeError(f"ComfyUI did not answer /object_info within {timeout_s:.0f} s:\n{server.log_tail()}")
-
-
-def stop_server(server: LiveServer) -> None:
-    """Terminate the server we started (kill after STOP_TIMEOUT_S) and reap it."""
-    if server.process.poll() is None:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log.warning("ComfyUI (pid %d) ignored SIGTERM; killing it", server.process.pid)
-            server.process.kill()
-            server.process.wait(timeout=STOP_TIMEOUT_S)
-    log.info("ComfyUI (pid %d) stopped with code %s", server.process.pid, server.process.returncode)
-
-
-# ------------------------------------------------------------------------------------------------
-# HTTP
-
-
-def http_get(url: str) -> tuple[bytes, str]:
-    """Body and content type of a 200 answer (urllib raises on anything else)."""
-    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as answer:
-        return answer.read(), answer.headers.get("Content-Type", "")
-
-
-def get_json(url: str) -> Any:
-    return json.loads(http_get(url)[0])
-
-
-# ------------------------------------------------------------------------------------------------
-# Fixtures
-
-
-@pytest.fixture(scope="module")
-def live_server(comfy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    base = tmp_path_factory.mktemp("comfy_base")
-    prepare_base_directory(base)
-    server = start_server(comfy, base)
-    try:
-        waited = wait_until_ready(server)
-        log.info("ComfyUI answered /object_info after %.1f s", waited)
-        yield server
-    finally:
-        stop_server(server)
+# Fixtures (``live_server`` is in conftest.py, shared with the workflow and browser tests)
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +66,7 @@ def expected() -> dict[str, Any]:
             "verbose": ("BOOLEAN", defaults.verbose, None, None),
         },
         "last": {"merge_every": ("INT", schedule.merge_every, 1, None)},  # appended: saved workflows keep their values
+        "advanced_last": {"unmerge": ("COMBO", defaults.unmerge, tuple(core.UNMERGES), None)},
     }
 
 
@@ -252,7 +127,7 @@ def test_server_loaded_the_pack_from_custom_nodes(live_server: LiveServer, objec
 
 @pytest.mark.parametrize("node_id, groups, display_name", [
     ("ToMAPatch", ("basic", "last"), "ToMA Patch"),
-    ("ToMAPatchAdvanced", ("basic", "advanced", "last"), "ToMA Patch (Advanced)"),
+    ("ToMAPatchAdvanced", ("basic", "advanced", "last", "advanced_last"), "ToMA Patch (Advanced)"),
 ])
 def test_node_inputs_defaults_ranges_and_tooltips(object_info, expected, node_id, groups, display_name):
     entry = object_info[node_id]

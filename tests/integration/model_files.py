@@ -1,0 +1,126 @@
+"""Model files in ComfyUI's real on-disk formats, made at test time with random weights (issue 13).
+
+Nothing here is downloaded or committed: each function builds ComfyUI's own module class (so
+the key names and shapes are exactly what its loaders and model detection expect), fills it
+with ``tiny_models.init_weights`` and writes a safetensors file into a temporary models folder.
+
+ComfyUI's detection fixes what cannot shrink, so the files are as small as detection allows:
+
+- ``flux_unet``: a Flux-dev DiT at full width (hidden 3072, context 4096, detection hard-codes
+  both) with 1 double + 1 single block, about 549M parameters, bf16 (1.1 GB). ``UNETLoader``.
+- ``clip_l``: a CLIP-L text encoder (123M, fp16). ``CLIPLoader(type="sd3")`` pads its output to
+  the 4096 channels Flux expects; a T5-XXL for ``DualCLIPLoader`` cannot be made small.
+- ``taesd_vae``: a TAESD-layout VAE (detected by its ``taesd_decoder`` keys), 16 or 4 latent
+  channels. ``VAELoader``.
+- ``sd15_checkpoint``: an SD1.5-class UNet (320 channels, context 768, 2 levels), CLIP-L and a
+  TAESD VAE in one file. ``CheckpointLoaderSimple``.
+
+Import only after ComfyUI is importable (the ``comfy`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FLUX_UNET_CONFIG: dict[str, Any] = {
+    "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768,
+    "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24,
+    "depth": 1, "depth_single_blocks": 1, "axes_dim": [16, 56, 56], "theta": 10000,
+    "patch_size": 2, "qkv_bias": True, "guidance_embed": True,
+}
+"""What ``comfy.model_detection`` reads back from the file: only the block counts are ours."""
+
+SD15_UNET_CONFIG: dict[str, Any] = {
+    "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4,
+    "model_channels": 320, "num_res_blocks": [1, 1], "channel_mult": [1, 2],
+    "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
+    "transformer_depth_middle": 1, "use_spatial_transformer": True,
+    "use_linear_in_transformer": False, "legacy": False, "adm_in_channels": None,
+    "context_dim": 768, "num_heads": 8, "num_head_channels": -1,
+    "use_temporal_attention": False, "use_temporal_resblock": False,
+}
+"""SD1.5's width and context (what ``supported_models.SD15`` matches), two levels of one res block."""
+
+
+def _filled(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """``module``'s state dict after ``init_weights`` (the test models' O(1)-activation init)."""
+    from tiny_models import init_weights
+
+    torch.manual_seed(seed)
+    init_weights(module, None)
+    return {key: value.contiguous() for key, value in module.state_dict().items()}
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> Path:
+    import comfy.utils
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    comfy.utils.save_torch_file(tensors, str(path))
+    return path
+
+
+def flux_module(dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> torch.nn.Module:
+    """ComfyUI's Flux DiT (``comfy.ldm.flux.model.Flux``) with random weights, not yet saved."""
+    import comfy.ldm.flux.model
+    import comfy.ops
+
+    module = comfy.ldm.flux.model.Flux(dtype=dtype, operations=comfy.ops.disable_weight_init, **(FLUX_UNET_CONFIG | overrides))
+    _filled(module, seed=0)
+    return module
+
+
+def flux_unet(path: Path, **overrides: Any) -> Path:
+    """A Flux-dev ``diffusion_models`` file (bare DiT keys, bf16)."""
+    return _save(flux_module(**overrides).state_dict(), path)
+
+
+def _clip_l_module() -> torch.nn.Module:
+    import comfy.clip_model
+    import comfy.ops
+    import comfy.sd1_clip
+
+    config_path = Path(comfy.sd1_clip.__file__).with_name("sd1_clip_config.json")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    return comfy.clip_model.CLIPTextModel(config, torch.float16, "cpu", comfy.ops.manual_cast)
+
+
+def clip_l_tensors(seed: int = 1) -> dict[str, torch.Tensor]:
+    """CLIP-L's keys as a standalone ``text_encoders`` file has them (``text_model.*``)."""
+    tensors = _filled(_clip_l_module(), seed)
+    tensors["text_model.embeddings.position_ids"] = torch.arange(77).unsqueeze(0)
+    return tensors
+
+
+def clip_l(path: Path) -> Path:
+    return _save(clip_l_tensors(), path)
+
+
+def taesd_tensors(latent_channels: int, seed: int = 2) -> dict[str, torch.Tensor]:
+    """A TAESD-layout VAE (``taesd_encoder.*``, ``taesd_decoder.*``, scale and shift)."""
+    import comfy.taesd.taesd
+
+    module = comfy.taesd.taesd.TAESD(latent_channels=latent_channels)
+    tensors = _filled(module, seed)
+    tensors["vae_scale"], tensors["vae_shift"] = torch.tensor(1.0), torch.tensor(0.0)
+    return tensors
+
+
+def taesd_vae(path: Path, latent_channels: int = 16) -> Path:
+    return _save(taesd_tensors(latent_channels), path)
+
+
+def sd15_checkpoint(path: Path) -> Path:
+    """One checkpoint file: ``model.diffusion_model.*``, ``cond_stage_model.transformer.*``,
+    ``first_stage_model.*`` (fp16)."""
+    import comfy.supported_models
+    from tiny_models import build
+
+    unet = build(comfy.supported_models.SD15, SD15_UNET_CONFIG, seed=3).model.diffusion_model
+    tensors = {f"model.diffusion_model.{k}": v.half() for k, v in unet.state_dict().items()}
+    tensors |= {f"cond_stage_model.transformer.{k}": v for k, v in clip_l_tensors().items()}
+    tensors |= {f"first_stage_model.{k}": v.half() for k, v in taesd_tensors(4).items()}
+    return _save(tensors, path)
