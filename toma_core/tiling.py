@@ -114,7 +114,8 @@ class TileGrid:
     @property
     def uniform(self) -> bool:
         """True when every tile keeps k destinations (no unused slots)."""
-        return all(c == self.k for c in self.keep_counts)
+        counts = self.keep_counts
+        return all(c == counts[0] for c in counts)
 
     def raster_index(self, device: torch.device | None = None) -> torch.Tensor:
         """(G, n) t-major raster index of every tile position; padded positions hold -1."""
@@ -142,12 +143,13 @@ class TileGrid:
         """
         if self.uniform:
             return None
-        kept, source = [], []
-        for g, count in enumerate(self.keep_counts):
-            for j in range(self.k):
+        counts = self.keep_counts  # a property: computed once here, not per tile (video grids have 1000s)
+        k, kept, source = max(counts), [], []
+        for g, count in enumerate(counts):
+            for j in range(k):
                 source.append(len(kept) if j < count else 0)
                 if j < count:
-                    kept.append(g * self.k + j)
+                    kept.append(g * k + j)
         return torch.tensor(kept, device=device), torch.tensor(source, device=device)
 
     def fold(self, x: torch.Tensor) -> torch.Tensor:
