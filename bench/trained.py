@@ -25,6 +25,9 @@ The codec (in place of a VAE; exact, float-precision invertible, no learnt parts
   ``decode`` applies ``process_in`` first. ``comfy.sample.sample`` returns latents in that space:
   ``decode`` its result directly.
 
+SD1.5: 32 x 32 px -> latent (4, 32, 32): transformers at 32 x 32 = 1,024 and 16 x 16 = 256 tokens
+(4,096 at 64 x 64 px trained 4x slower on this CPU).
+
 Sizes: Flux 128 x 128 px -> latent (16, 64, 64) -> 32 x 32 = 1,024 image tokens (patch 2).
 SDXL 64 x 64 px -> latent (4, 64, 64): transformers at 32 x 32 = 1,024 and 16 x 16 = 256 tokens
 (SDXL's topology: none at full latent resolution). A (4, 64, 64) latent cannot come from 128 px
@@ -122,6 +125,29 @@ SDXL_CONFIG: dict[str, Any] = {
 """SDXL topology scaled down: levels 1/2/3 x 32 channels, no transformers at full latent resolution,
 depth 1 at 1/2, depth 2 at 1/4 and in the middle (SDXL: 0, 2, 10), linear proj, ADM 2816."""
 
+SD15_CONFIG: dict[str, Any] = {
+    "use_checkpoint": False,
+    "image_size": 32,
+    "in_channels": 4,
+    "out_channels": 4,
+    "model_channels": 32,
+    "num_res_blocks": [1, 1, 1],
+    "channel_mult": [1, 2, 2],
+    "transformer_depth": [1, 1, 0],
+    "transformer_depth_output": [1, 1, 1, 1, 0, 0],
+    "transformer_depth_middle": 1,
+    "use_spatial_transformer": True,
+    "use_linear_in_transformer": False,
+    "legacy": False,
+    "context_dim": 64,
+    "num_heads": -1,
+    "num_head_channels": 32,
+    "use_temporal_attention": False,
+    "use_temporal_resblock": False,
+}
+"""SD1.5 topology scaled down: transformers at full latent resolution (32 x 32 = 1,024 tokens, where
+ComfyUI's ToMe merges) and at 1/2, none at the last level, conv proj_in, no ADM."""
+
 SPECS: dict[str, Family] = {
     "flux": Family(
         config_class="Flux", unet_config=FLUX_CONFIG, pixels=(128, 128), unshuffle=2, text_len=8,
@@ -133,9 +159,14 @@ SPECS: dict[str, Family] = {
         context_dim=64, pooled_dim=1280, extras={"width": 64, "height": 64},
         sampler={"steps": 20, "sampler_name": "euler", "scheduler": "normal", "cfg": 1.0},
     ),
+    "sd15": Family(
+        config_class="SD15", unet_config=SD15_CONFIG, pixels=(32, 32), unshuffle=1, text_len=8,
+        context_dim=64, pooled_dim=32,
+        sampler={"steps": 20, "sampler_name": "euler", "scheduler": "normal", "cfg": 1.0},
+    ),
 }
 
-FAMILIES: tuple[str, ...] = ("flux", "sdxl")
+FAMILIES: tuple[str, ...] = ("flux", "sdxl", "sd15")
 
 SAMPLER: dict[str, dict[str, Any]] = {name: dict(spec.sampler) for name, spec in SPECS.items()}
 """Per family, the settings the quality bench samples with through ``comfy.sample.sample``."""
