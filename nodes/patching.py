@@ -1,9 +1,9 @@
 """`patch_model`: the single entry point the nodes call.
 
-Clones the model, detects its family, lets the family module install its block hooks
-(`apply(model_clone, settings) -> FamilyAdapter`) and installs the shared runtime: the per-run
-state template at transformer_options[TOMA_KEY] and the OUTER_SAMPLE / APPLY_MODEL wrappers
-under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
+Clones the model, finds its family in the registry (families/registry.py), lets the family's
+adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`) and installs
+the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
+OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
 on it; the input model is never modified.
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from .detect import detect_family
-from .runtime import FamilyAdapter, RunState, ToMAConfig, apply_model_wrapper, outer_sample_wrapper
+from .families.registry import apply_family, detect_family
+from .runtime import RunState, ToMAConfig
 from .settings import TOMA_KEY, ToMASettings
+from .wrappers import apply_model_wrapper, outer_sample_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -27,27 +28,8 @@ def patch_model(model, settings: ToMASettings):
     patched = model.clone()
     adapter = apply_family(family, patched, settings)
     install_runtime(patched, ToMAConfig(settings, adapter))
-    log.debug("ToMA patch installed: %s, %s", family, settings.describe())
+    log.debug("ToMA patch installed: %s, %s", family.name, settings.describe())
     return patched
-
-
-def apply_family(family: str, model, settings: ToMASettings) -> FamilyAdapter:
-    """Dispatch to the family module; each owns its block hooks."""
-    if family == "flux":
-        from . import flux
-
-        return flux.apply(model, settings)
-    if family == "unet":
-        # --- UNet dispatch (SDXL / SD1.x / SD2.x) -------------------------------------------
-        # Owned by the UNet engineer: nodes/unet.py must define
-        #     apply(model_clone, settings: ToMASettings) -> FamilyAdapter
-        # (see /work/notes/nodes_api.md). Until it exists the node refuses UNet models clearly.
-        try:
-            from . import unet
-        except ImportError as error:
-            raise ValueError(f"ToMA's UNet (SDXL / SD1.5) support is not installed: {error}") from error
-        return unet.apply(model, settings)
-    raise ValueError(f"ToMA has no patch for model family {family!r}")
 
 
 def install_runtime(model, config: ToMAConfig) -> None:

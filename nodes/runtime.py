@@ -1,4 +1,4 @@
-"""Per-run and per-call state of a ToMA patch, and the wrappers that create it.
+"""Per-run and per-call state of a ToMA patch (created by the wrappers in wrappers.py).
 
 Lifetimes:
 - `ToMAConfig` (settings + family adapter) is fixed when the node runs.
@@ -28,7 +28,6 @@ a kind (empty, or the same keys): no recompile per step or per run (issue 7 poin
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,12 +36,11 @@ from typing import Any, Protocol
 import torch
 
 from ..toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
-from .settings import CALL_KEY, TOMA_KEY, ToMASettings
+from .report import RunStats, format_report
+from .settings import CALL_KEY, ToMASettings
 
 TORCH_COMPILE_KWARGS = "torch_compile_kwargs"
 """model_options key set by ComfyUI's set_torch_compile_wrapper (TorchCompileModel)."""
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,10 @@ class CallGeometry:
 
     height x width: the image-token grid at the model's input resolution (Flux: after the 2x2
     patchify; UNet: the latent). text_len: T, or None when the call has no text context.
-    extra_tokens: tokens that follow the image tokens (Kontext reference images).
+    extra_tokens: reference-image tokens beside the image tokens (after them for Kontext and
+    Qwen-Image-Edit, before them for HunyuanVideo's reference latent); they pass through.
     reason: when set, the whole call runs unmerged and the reason is counted.
+    frames: latent frames of a video DiT (tokens are t-major: frame, row, column).
     """
 
     height: int
@@ -60,11 +60,12 @@ class CallGeometry:
     text_len: int | None = None
     extra_tokens: int = 0
     reason: str | None = None
+    frames: int = 1
 
     @property
     def tokens(self) -> int:
-        """N, image tokens of the main grid."""
-        return self.height * self.width
+        """N, image tokens of the main grid (frames x height x width)."""
+        return self.frames * self.height * self.width
 
 
 class FamilyAdapter(Protocol):
@@ -92,28 +93,6 @@ class ToMAConfig:
     settings: ToMASettings
     adapter: FamilyAdapter
 
-
-@dataclass
-class RunStats:
-    """Counters of one sampling run (kept eagerly; blocks add to them only outside torch.compile)."""
-
-    total_steps: int = 0
-    calls: int = 0
-    merged_calls: int = 0
-    steps_merged: set[int] = field(default_factory=set)
-    block_runs_merged: int = 0
-    plans_built: int = 0
-    unmerged_calls: Counter = field(default_factory=Counter)
-    unmerged_blocks: Counter = field(default_factory=Counter)
-    tokens: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
-    """(h, w) grid -> (N, D) for every plan built."""
-    eligible_calls: int = 0
-    """Calls decided "merge" before they ran (merged_calls drops those in which no block ran)."""
-    merged_per_step: Counter = field(default_factory=Counter)
-    compiled: bool = False
-    """The model ran under torch.compile: blocks cannot count, so no per-block accounting."""
-    failed: bool = False
-    """The sampling run raised: its counts are partial, and a missing block run proves no bypass."""
 
 
 class RunState:
@@ -176,7 +155,7 @@ class RunState:
         for key, plan in built:
             self.plans[key] = plan
             self.stats.plans_built += 1
-            self.stats.tokens[(key[1], key[2])] = (key[1] * key[2], plan.num_kept)
+            self.stats.tokens[(key[1], key[2])] = (plan.num_tokens, plan.num_kept)
 
     def report(self) -> str:
         """The one-line summary of the run."""
@@ -209,13 +188,14 @@ class CallContext:
     def settings(self) -> ToMASettings:
         return self.state.config.settings
 
-    def plan(self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor]) -> MergePlan:
-        """The merge plan for an h x w grid at `slot` (e.g. "flux" or a UNet level).
+    def plan(self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor], frames: int = 1) -> MergePlan:
+        """The merge plan for an h x w grid (of `frames` frames, each tiled on its own) at `slot`
+        (e.g. "flux" or a UNet level; a video family puts the frame count in its slot).
 
         One per (slot, h, w) in this call: every merged block of a forward at that grid shares it.
         Reuse across calls (same epoch and batch composition) comes pre-filled by the wrapper, and
         plans built here are kept for later calls by the wrapper after the call. features() ->
-        (B, h*w, C) is called only when a plan is built.
+        (B, frames*h*w, C) is called only when a plan is built.
         """
         key = (slot, height, width)
         plan = self.plans.get(key)
@@ -224,14 +204,14 @@ class CallContext:
             plan = make_plan(
                 features(), height, width, settings.ratio, settings.tile_size,
                 similarity=settings.similarity, temperature=settings.temperature, budget=settings.budget,
-                unmerge=settings.unmerge,
+                unmerge=settings.unmerge, frames=frames,
             )
             self.plans[key] = plan
         return plan
 
     def record_block(self, merged: bool, reason: str | None = None) -> None:
         """Count one block run (merged, or unmerged with a reason). No-op under torch.compile."""
-        if _compiling():
+        if compiling():
             return
         if merged:
             self.state.stats.block_runs_merged += 1
@@ -259,189 +239,26 @@ def find_call(args: dict, extra: dict | None = None) -> CallContext | None:
 
 def note_orphan(reason: str) -> None:
     """Count a block run that had to run unmerged because no call context was found."""
-    if not _compiling():
+    if not compiling():
         _ORPHANS[reason] += 1
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
+    """True while torch.compile traces (blocks then count nothing)."""
     compiler = getattr(torch, "compiler", None)
     return bool(compiler is not None and compiler.is_compiling())
 
 
-def outer_sample_wrapper(executor, *args, **kwargs):
-    """OUTER_SAMPLE: give this sampling run a fresh RunState; log its summary; restore options.
-
-    args: (noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed).
-    """
-    guider = executor.class_obj
-    template = guider.model_options.get("transformer_options", {}).get(TOMA_KEY)
-    if not isinstance(template, RunState):
-        return executor(*args, **kwargs)
-    import comfy.model_patcher
-
-    original = guider.model_options
-    orphans_before = sum(_ORPHANS.values())
-    state = template.fresh()
-    try:
-        guider.model_options = comfy.model_patcher.create_model_options_clone(original)
-        guider.model_options["transformer_options"][TOMA_KEY] = state
-        state.stats.compiled = TORCH_COMPILE_KWARGS in guider.model_options
-        sampling = guider.model_patcher.get_model_object("model_sampling")
-        state.begin_run(sampling.percent_to_sigma, args[3] if len(args) > 3 else kwargs.get("sigmas"))
-        return executor(*args, **kwargs)
-    except BaseException:
-        state.stats.failed = True  # issue 10: a run that died (e.g. another node's crash) is no bypass
-        raise
-    finally:
-        guider.model_options = original
-        orphans = sum(_ORPHANS.values()) - orphans_before
-        log.info(format_report(state.config, state.stats, orphans))
-        _warn_bypass(state, orphans)
-        state.plans.clear()
+def orphan_count() -> int:
+    """Block runs so far that found no call context (read as a difference per run)."""
+    return sum(_ORPHANS.values())
 
 
-def apply_model_wrapper(executor, *args, **kwargs):
-    """APPLY_MODEL: decide this call eagerly and expose the CallContext to the block hooks.
-
-    args: (x (B, C, H, W), t (B,), c_concat, c_crossattn (B, T, C_txt), control,
-    transformer_options, **extra conds); transformer_options may also come as a keyword.
-    """
-    args = list(args)
-    options, put_back = _options_of(args, kwargs)
-    state = options.get(TOMA_KEY) if isinstance(options, dict) else None
-    if not isinstance(state, RunState):
-        return executor(*args, **kwargs)
-    x, t = args[0], args[1]
-    context = args[3] if len(args) > 3 else kwargs.get("c_crossattn")
-    ctx = build_call(state, x, t, context, options, kwargs)
-    options = dict(options)
-    options[CALL_KEY] = ctx
-    put_back(options)
-    hooked = _hooked_blocks(state)
+def enter_call(ctx: CallContext) -> None:
+    """Make `ctx` the fallback context for the duration of its model call (see leave_call)."""
     _ACTIVE.append(ctx)
-    try:
-        out = executor(*args, **kwargs)
-    finally:
-        _ACTIVE.pop()
-        state.keep_plans(ctx)
-    if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
-        _count_idle_call(state, ctx)
-    return out
 
 
-IDLE_CALL = "with no block run (skipped by a step cache, or bypassed)"
-"""Unmerged-call reason: a merge-eligible call in which none of ToMA's block hooks ran (EasyCache
-returned its cached result, or the forward loop ignores ToMA's hooks)."""
-
-
-def _hooked_blocks(state: RunState) -> int:
-    stats = state.stats
-    return stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + sum(_ORPHANS.values())
-
-
-def _count_idle_call(state: RunState, ctx: CallContext) -> None:
-    """Move a merge-eligible call in which no block hook ran from "merged" to "unmerged"."""
-    stats = state.stats
-    stats.merged_calls -= 1
-    stats.unmerged_calls[IDLE_CALL] += 1
-    stats.merged_per_step[ctx.step] -= 1
-    if stats.merged_per_step[ctx.step] <= 0:
-        stats.steps_merged.discard(ctx.step)
-
-
-def _options_of(args: list, kwargs: dict) -> tuple[dict | None, Callable[[dict], None]]:
-    if "transformer_options" in kwargs:
-        return kwargs["transformer_options"], lambda new: kwargs.__setitem__("transformer_options", new)
-    if len(args) > 5:
-        return args[5], lambda new: args.__setitem__(5, new)
-    return None, lambda new: kwargs.__setitem__("transformer_options", new)
-
-
-def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | None, options: dict, kwargs: dict) -> CallContext:
-    """Make the per-call decision (step, merge, epoch) and record the call's token layout."""
-    settings = state.config.settings
-    geometry = state.config.adapter.call_geometry(x, context, kwargs)
-    decision = state.decide(options, t)
-    reason = _call_veto(state, settings, decision, geometry)
-    composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()))
-    batch, epoch = int(x.shape[0]), decision.epoch if decision else None
-    ctx = CallContext(
-        state=state, merge=reason is None, reason=reason,
-        step=decision.step if decision else -1, epoch=epoch,
-        geometry=geometry, batch=batch, composition=composition,
-        plans=state.plans_for(batch, composition, epoch or 0) if reason is None else {},
-    )
-    _count_call(state, ctx)
-    return ctx
-
-
-def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry) -> str | None:
-    if decision is None:
-        return "outside a sampling run"
-    if decision.skipped:
-        return f"between merge steps (merge_every={settings.schedule.merge_every})"
-    if not decision.merge:
-        return "outside the sigma window"
-    if geometry.reason is not None:
-        return geometry.reason
-    if geometry.tokens < settings.min_tokens:
-        return f"fewer than min_tokens={settings.min_tokens} image tokens"
-    return None
-
-
-def _count_call(state: RunState, ctx: CallContext) -> None:
-    stats = state.stats
-    stats.calls += 1
-    if ctx.merge:
-        stats.merged_calls += 1
-        stats.eligible_calls += 1
-        stats.merged_per_step[ctx.step] += 1
-        stats.steps_merged.add(ctx.step)
-    else:
-        stats.unmerged_calls[ctx.reason] += 1
-    if state.config.settings.verbose:
-        g = ctx.geometry
-        log.info(
-            "ToMA call: step %d epoch %s, %s, grid %dx%d, T=%s, +%d extra tokens, batch %d %s",
-            ctx.step, ctx.epoch, "merged" if ctx.merge else f"unmerged ({ctx.reason})",
-            g.height, g.width, g.text_len, g.extra_tokens, ctx.batch, ctx.composition[0],
-        )
-
-
-def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int) -> str:
-    """One line: tokens before/after, blocks and steps merged, plans built, what ran unmerged and why."""
-    adapter = config.adapter
-    grids = "; ".join(f"{n}->{d} tokens ({h}x{w})" for (h, w), (n, d) in sorted(stats.tokens.items())) or "no tokens merged"
-    parts = [
-        f"ToMA [{adapter.family}]: {grids}",
-        f"merged {len(stats.steps_merged)}/{stats.total_steps} steps, {stats.merged_calls}/{stats.calls} calls",
-        f"{adapter.num_blocks} blocks selected ({adapter.blocks}), {stats.block_runs_merged} block runs merged",
-        f"{stats.plans_built} plans built",
-    ]
-    unmerged = [f"{n} calls {why}" for why, n in stats.unmerged_calls.items()]
-    unmerged += [f"{n} block runs {why}" for why, n in stats.unmerged_blocks.items()]
-    if orphan_blocks:
-        unmerged.append(f"{orphan_blocks} block runs without transformer_options")
-    parts.append("unmerged: " + (", ".join(unmerged) if unmerged else "none"))
-    if stats.failed:
-        parts.append("the sampling run stopped with an error; counts are partial")
-    elif stats.compiled:
-        parts.append("torch.compile: block runs are not counted")
-    elif _bypassed(config, stats, orphan_blocks):
-        parts.append(f"ToMA was bypassed: none of its block hooks ran in {stats.eligible_calls} merge-eligible calls")
-    parts.append(config.settings.describe())
-    return " | ".join(parts)
-
-
-def _bypassed(config: ToMAConfig, stats: RunStats, orphans: int) -> bool:
-    """Merge-eligible calls ran, yet no block hook ran at all (not knowable under torch.compile)."""
-    hooked = stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + orphans
-    return bool(config.adapter.num_blocks and stats.eligible_calls and not hooked and not stats.compiled and not stats.failed)
-
-
-def _warn_bypass(state: RunState, orphans: int) -> None:
-    if _bypassed(state.config, state.stats, orphans) and not _compiling():
-        log.warning(
-            "ToMA: the model ran %d merge-eligible calls but none of ToMA's block hooks ran; another "
-            "node replaced the model's forward loop and ToMA had no effect", state.stats.eligible_calls,
-        )
+def leave_call() -> None:
+    """End the innermost model call begun with enter_call."""
+    _ACTIVE.pop()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pack import pack_module
 
-flux = pack_module("nodes.flux")
+flux = pack_module("nodes.families.flux")
 
 
 def test_no_bias_keeps_the_mask_object() -> None:

@@ -10,8 +10,9 @@ import torch
 from pack import pack_module
 
 runtime = pack_module("nodes.runtime")
+wrappers = pack_module("nodes.wrappers")
 settings_mod = pack_module("nodes.settings")
-flux = pack_module("nodes.flux")
+flux = pack_module("nodes.families.flux")
 core = pack_module("toma_core")
 
 
@@ -39,7 +40,7 @@ def options(sigma: float, cond=(0, 1)):
 
 def call(state, sigma, batch=2, hw=(8, 8), cond=(0, 1)):
     x = torch.zeros(batch, 4, *hw)
-    return runtime.build_call(state, x, torch.tensor([sigma]), torch.zeros(batch, 5, 3), options(sigma, cond), {})
+    return wrappers.build_call(state, x, torch.tensor([sigma]), torch.zeros(batch, 5, 3), options(sigma, cond), {})
 
 
 def test_deepcopy_gives_fresh_holder():

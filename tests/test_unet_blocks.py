@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pack import pack_module
 
-unet_blocks = pack_module("nodes.unet_blocks")
+unet_blocks = pack_module("nodes.families.unet_blocks")
 parse = unet_blocks.parse_unet_blocks
 
 # SDXL's transformer blocks and their downsampling from the latent (DESIGN §2).

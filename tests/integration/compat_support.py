@@ -19,7 +19,7 @@ import torch
 
 from pack import pack_module
 
-RUNTIME_LOGGER = "comfyui_toma_pack.nodes.runtime"
+RUNTIME_LOGGER = "comfyui_toma_pack.nodes.wrappers"
 """Logger of the per-run summary line and of the bypass warning."""
 
 FLUX_TEXT = 256
@@ -37,7 +37,7 @@ class Toma:
         self.settings = pack_module("nodes.settings")
         self.runtime = pack_module("nodes.runtime")
         self.core = pack_module("toma_core")
-        self.unet = pack_module("nodes.unet")
+        self.unet = pack_module("nodes.families.unet")
         self.nodes = pack_module("nodes.toma_nodes")
 
     def patch(self, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:

@@ -491,7 +491,7 @@ def test_real_topology_sites_and_auto(comfy: Any, toma: Any, family: str, depth:
     )
     sites = toma.unet.find_sites(unet)
     assert Counter(s.downsample for s in sites) == expected
-    auto = pack_module("nodes.unet_blocks").parse_unet_blocks("auto")
+    auto = pack_module("nodes.families.unet_blocks").parse_unet_blocks("auto")
     chosen = [s for s in sites if auto.selects(s.block, s.downsample)]
     assert len(chosen) == (70 if sdxl else 15)
     if sdxl:

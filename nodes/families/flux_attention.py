@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from einops import rearrange
 
-from ..toma_core import MergePlan
+from ...toma_core import MergePlan
 
 Override = Callable[..., torch.Tensor]
 

@@ -1,7 +1,9 @@
-"""Which Flux-family blocks ToMA merges: the `blocks` setting for Flux, Kontext, Fill and Chroma.
+"""Which blocks of a DiT ToMA merges: the `blocks` setting of every DiT family.
 
-Pure Python (no torch, no ComfyUI). A block is named as ComfyUI's dit replace keys name it:
-("double", i) for `double_blocks[i]`, ("single", i) for `single_blocks[i]`.
+Pure Python (no torch, no ComfyUI). A block is named by its stream (group) and index, as the
+family's adapter names them: Flux, Chroma, HunyuanVideo and HiDream have ("double", i) and
+("single", i); Qwen-Image and SD3 ("double", i), after ComfyUI's dit replace keys; Lumina2
+("layers", i) for `layers[i]`.
 
 Accepted `blocks` strings:
 
@@ -11,9 +13,9 @@ Accepted `blocks` strings:
   they shape the layout and are the cheapest to keep exact. A fidelity measurement on real
   weights is still owed; a tiny test model (depth 2 + 2) merges every block.
 - "all": every block.
-- a list: comma-separated items `group[:ranges]` with group "double" or "single", ranges such as
-  `5-18` or `7`; a bare range continues the previous group ("double:0-3,10-18"). A group without
-  ranges means all its blocks. Example: "double:5-18,single:5-37".
+- a list: comma-separated items `group[:ranges]`, ranges such as `5-18` or `7`; a bare range
+  continues the previous group ("double:0-3,10-18"). A group without ranges means all its blocks.
+  Example: "double:5-18,single:5-37".
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-GROUPS = ("double", "single")
 AUTO_SKIP = 5
 
 _ITEM = re.compile(r"^(?P<group>[a-z_]+)\s*(?::\s*(?P<range>.*))?$")
@@ -29,46 +30,51 @@ _RANGE = re.compile(r"^(?P<lo>\d+)(?:\s*-\s*(?P<hi>\d+))?$")
 
 
 @dataclass(frozen=True)
-class FluxBlocks:
-    """The selected block indices of each stream, e.g. double={5..18}, single={5..37}."""
+class DitBlocks:
+    """The selected block indices of each stream, in the family's stream order, e.g.
+    (("double", {5..18}), ("single", {5..37})). A stream's set is also an attribute (`.double`)."""
 
-    double: frozenset[int]
-    single: frozenset[int]
+    groups: tuple[tuple[str, frozenset[int]], ...]
+
+    def __getattr__(self, name: str) -> frozenset[int]:
+        for group, indices in object.__getattribute__(self, "groups"):
+            if group == name:
+                return indices
+        raise AttributeError(name)
 
     def selects(self, group: str, index: int) -> bool:
-        return index in (self.double if group == "double" else self.single)
+        return index in getattr(self, group, frozenset())
 
     @property
     def count(self) -> int:
-        return len(self.double) + len(self.single)
+        return sum(len(indices) for _, indices in self.groups)
 
     def describe(self) -> str:
         """Canonical text, e.g. 'double:5-18,single:5-37'."""
-        parts = [f"{g}:{_ranges(sorted(getattr(self, g)))}" for g in GROUPS if getattr(self, g)]
+        parts = [f"{g}:{_ranges(sorted(indices))}" for g, indices in self.groups if indices]
         return ",".join(parts) or "none"
 
 
-def parse_flux_blocks(spec: str, depth: int, depth_single: int) -> FluxBlocks:
-    """Parse `spec` for a model with `depth` double and `depth_single` single blocks.
+def parse_dit_blocks(spec: str, sizes: dict[str, int]) -> DitBlocks:
+    """Parse `spec` for a model with sizes[group] blocks in each stream (in stream order).
 
     Raises ValueError naming the bad item and the allowed groups or index range.
     """
-    sizes = {"double": depth, "single": depth_single}
     text = spec.strip().lower()
     if text == "all":
-        return FluxBlocks(frozenset(range(depth)), frozenset(range(depth_single)))
+        return DitBlocks(tuple((g, frozenset(range(n))) for g, n in sizes.items()))
     if text == "auto":
-        return FluxBlocks(*(frozenset(range(min(AUTO_SKIP, n // 3), n)) for n in (depth, depth_single)))
-    chosen: dict[str, set[int]] = {g: set() for g in GROUPS}
+        return DitBlocks(tuple((g, frozenset(range(min(AUTO_SKIP, n // 3), n))) for g, n in sizes.items()))
+    chosen: dict[str, set[int]] = {g: set() for g in sizes}
     group = None
     for item in (part.strip() for part in text.split(",")):
         group = _parse_item(item, group, sizes, chosen, spec)
-    return FluxBlocks(frozenset(chosen["double"]), frozenset(chosen["single"]))
+    return DitBlocks(tuple((g, frozenset(chosen[g])) for g in sizes))
 
 
-def check_flux_blocks_syntax(spec: str) -> None:
-    """Validate `spec` without knowing the model depth (indices checked later against the model)."""
-    parse_flux_blocks(spec, 1 << 16, 1 << 16)
+def parse_flux_blocks(spec: str, depth: int, depth_single: int) -> DitBlocks:
+    """parse_dit_blocks for the two streams of a Flux-layout model (double, single)."""
+    return parse_dit_blocks(spec, {"double": depth, "single": depth_single})
 
 
 def _parse_item(item: str, group: str | None, sizes: dict[str, int], chosen: dict[str, set[int]], spec: str) -> str:
@@ -77,10 +83,11 @@ def _parse_item(item: str, group: str | None, sizes: dict[str, int], chosen: dic
         chosen[group].update(_indices(match, group, sizes[group], spec))
         return group
     match = _ITEM.match(item)
-    if not match or match["group"] not in GROUPS:
+    if not match or match["group"] not in sizes:
+        example = ",".join(f"{g}:0-{max(0, n - 1)}" for g, n in sizes.items())
         raise ValueError(
             f"blocks={spec!r}: item {item!r} is not 'auto', 'all' or group[:range] with group in "
-            f"{', '.join(GROUPS)} (example 'double:5-18,single:5-37')"
+            f"{', '.join(sizes)} (example {example!r})"
         )
     group = match["group"]
     if match["range"] is None:

@@ -1,0 +1,20 @@
+"""Settings checks shared by the DiT adapters added in issue 14: what they refuse, with the reason."""
+
+from __future__ import annotations
+
+from ..settings import ToMASettings
+
+
+def require_block_scope(settings: ToMASettings, family: str) -> None:
+    """ValueError unless `settings` asks for what every DiT adapter honours: scope "block" and no
+    proportional attention (their attention takes no bias through the block arguments)."""
+    if settings.scope != "block":
+        raise ValueError(
+            f"scope={settings.scope!r} is available for Flux-family and UNet models only; {family} merges "
+            "whole blocks (scope 'block')"
+        )
+    if settings.proportional_attention:
+        raise ValueError(
+            f"proportional_attention=True is available for Flux-family models only ({family} blocks "
+            "take no attention bias); turn it off"
+        )

@@ -1,0 +1,130 @@
+"""ToMA for the Flux family (Flux.1 dev/schnell, Fill, Kontext; Chroma, Chroma Radiance).
+
+Each selected block gets a `patches_replace["dit"]` entry. Inside, for a merged call:
+
+    x = image tokens (B, N, C) of the block input, N = h * w (the main latent grid only)
+    x_m = plan.merge(x)                                   (B, D, C)
+    out = block([txt;] x_m [; ref], pe with destination rows, attn_mask with destination rows)
+    y = plan.unmerge_residual(x, x_m, out_image_part)     (B, N, C) = x + U(block(Mx) - Mx)
+
+Text tokens and Kontext reference tokens pass through untouched, with their pe rows; merged
+tokens take their destination's pe rows (plan.take on the pe token axis). Every hook returns N
+image tokens, so ControlNet residuals and step caches keep working. The plan is built by the
+first merged block of a forward from a parameter-free LayerNorm of its image tokens and reused
+by the other blocks (the per-call plan cache in runtime.CallContext). All per-step decisions are
+made eagerly in runtime.apply_model_wrapper; the hooks only read the CallContext.
+
+Single blocks add to their input in place (`x += ...`): the hook always passes a freshly
+concatenated tensor and keeps its own merged tokens for the delta.
+
+With scope "attention", double blocks merge only their attention (flux_attention.py) and
+single blocks merge whole, as the reference ToMA Flux code does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from ...toma_core import MergePlan
+from ..runtime import CallContext
+from ..settings import ToMASettings
+from .dit_blocks import parse_flux_blocks
+from .flux_attention import attention_options
+from .geometry import DitAdapter
+from .hooks import block_context, install_dit_hooks
+from .merge import add_key_bias, features, merge_mask, merge_rows, merge_span, unmerge_span
+
+log = logging.getLogger(__name__)
+
+PLAN_SLOT = "flux"
+"""One plan per forward: every Flux block sees the same h x w image grid."""
+
+Block = Callable[[dict], dict]
+
+
+def apply(model, settings: ToMASettings) -> DitAdapter:
+    """Install the block hooks on `model` (a ModelPatcher clone); return the runtime adapter.
+
+    Earlier ToMA hooks are replaced; a replacement another pack put on the same key stays
+    outermost and ToMA merges only around the real block.
+    """
+    dm = model.get_model_object("diffusion_model")
+    sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
+    blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
+    install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
+    return DitAdapter("flux", blocks.describe(), blocks.count, int(getattr(dm, "patch_size", 2)))
+
+
+def merged_double(args: dict, extra: dict, block: Block) -> dict:
+    """Double block: args img (B, N[+R], C), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
+    ctx = block_context(args, extra)
+    if ctx is None or not ctx.merge:
+        return block(args)
+    g = ctx.geometry
+    img, text_len = args["img"], args["txt"].shape[1]
+    if img.shape[1] != g.tokens + g.extra_tokens:
+        ctx.record_block(False, "image tokens differ from the latent grid")
+        return block(args)
+    if ctx.settings.scope == "attention":
+        return _merged_attention(args, block, ctx, text_len, text_len + img.shape[1])
+    return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
+
+
+def merged_single(args: dict, extra: dict, block: Block) -> dict:
+    """Single block: args img = [txt; img; ref] (B, T+N+R, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
+    ctx = block_context(args, extra)
+    if ctx is None or not ctx.merge:
+        return block(args)
+    g = ctx.geometry
+    seq = args["img"]
+    text_len = seq.shape[1] - g.tokens - g.extra_tokens
+    if text_len < 0:
+        ctx.record_block(False, "image tokens differ from the latent grid")
+        return block(args)
+    return _merged_block(args, block, ctx, text_len, text_len, seq.shape[1])
+
+
+def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_len: int, length: int) -> dict:
+    """Run `block` on merged image tokens and unmerge its output.
+
+    The N image tokens sit at [start, start+N) of args img and at [text_len, text_len+N) of the
+    block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows).
+    A mask of another layout runs the block unmerged.
+    """
+    seq, n = args["img"], ctx.geometry.tokens
+    prepared = _plan_and_mask(args, ctx, seq[:, start:start + n], text_len, length)
+    if prepared is None:
+        return block(args)
+    plan, mask = prepared
+    x, x_m, seq_m = merge_span(seq, start, n, plan)
+    out = block(dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
+    ctx.record_block(True)
+    return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))
+
+
+def _merged_attention(args: dict, block: Block, ctx: CallContext, text_len: int, length: int) -> dict:
+    """Run a double block whose attention alone sees merged image tokens (scope "attention")."""
+    prepared = _plan_and_mask(args, ctx, args["img"][:, :ctx.geometry.tokens], text_len, length)
+    if prepared is None:
+        return block(args)
+    plan, mask = prepared
+    out = block(dict(args, transformer_options=attention_options(args.get("transformer_options"), plan, text_len, mask)))
+    ctx.record_block(True)
+    return out
+
+
+def _plan_and_mask(args: dict, ctx: CallContext, image: torch.Tensor, text_len: int, length: int) -> tuple[MergePlan, torch.Tensor | None] | None:
+    """This call's plan (built from `image` (B, N, C) if missing) and the block's attention mask
+    merged to the T + D [+ R] layout, with the proportional-attention bias when enabled.
+    None (recorded as an unmerged block run) when the mask has another layout."""
+    g = ctx.geometry
+    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(image))
+    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, g.tokens, length)
+    if why:
+        ctx.record_block(False, why)
+        return None
+    bias = plan.size_bias() if ctx.settings.proportional_attention else None
+    return plan, add_key_bias(mask, bias, text_len, length - g.tokens + plan.num_kept, image.dtype)

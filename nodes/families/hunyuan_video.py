@@ -1,0 +1,92 @@
+"""ToMA for HunyuanVideo and HunyuanImage 2.1 (`comfy.ldm.hunyuan_video.model.HunyuanVideo`, issue 14).
+
+Flux layers with the image first (research/dit_family.md §4): double blocks get args img
+(B, R+N, C), txt, vec, pe (B, 1, R+N+T, hd/2, 2, 2) and an optional additive key mask
+`attention_mask` (1, 1, R+N+T); single blocks get img = [ref; video; txt]. R reference tokens
+(the "custom" image-to-video `ref_latent`) are prepended and pass through unmerged, so the N
+video tokens start at R in every sequence, rope table and mask. Merged tokens take their
+destinations' pe rows and mask columns; the text and its mask pass through.
+
+Video latents (B, C, T, H, W) are tiled frame by frame (spatial tiles, a frame never merges
+with another; t x h x w tiles are issue 12's work): N = T * ceil(H / 2) * ceil(W / 2), t-major.
+Both block kinds write into their inputs in place (double: txt; single: the sequence, §11.1):
+the merged sequence is a fresh tensor and the delta is taken against our own copy.
+
+Refused per call (run unmerged, with the reason): the image-to-video "v2 (replace)" guidance
+(`guiding_frame_index`), whose first frame has its own modulation (`modulation_dims`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..runtime import CallGeometry
+from ..settings import ToMASettings
+from .common import require_block_scope
+from .dit_blocks import parse_flux_blocks
+from .geometry import DitAdapter, text_length
+from .hooks import block_context, install_dit_hooks
+from .joint import Rows, merged_dit_block, tokens_match
+
+SLOT = "hunyuan_video"
+TOKEN_REPLACE = "image-to-video token replace (first-frame modulation) is not merged"
+
+
+@dataclasses.dataclass(frozen=True)
+class HunyuanAdapter(DitAdapter):
+    """Geometry of a HunyuanVideo call: frames x h x w video tokens, R reference tokens before them."""
+
+    def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> CallGeometry:
+        """x (B, C, T, H, W) or (B, C, H, W) (HunyuanImage 2.1); ref_latent (b, C, T', H', W')."""
+        text_len, p = text_length(context), self.patch_size
+        if x.ndim not in (4, 5):
+            return CallGeometry(1, 1, text_len, 0, f"latent of shape {tuple(x.shape)} is not (B, C[, T], H, W)")
+        frames = int(x.shape[2]) if x.ndim == 5 else 1
+        ref = kwargs.get("ref_latent")
+        refs = math.prod(ref.shape[2:-2]) * math.ceil(ref.shape[-2] / p) * math.ceil(ref.shape[-1] / p) if torch.is_tensor(ref) else 0
+        reason = TOKEN_REPLACE if kwargs.get("guiding_frame_index") is not None else None
+        return CallGeometry(math.ceil(x.shape[-2] / p), math.ceil(x.shape[-1] / p), text_len, refs, reason, frames)
+
+
+def apply(model, settings: ToMASettings) -> HunyuanAdapter:
+    """Hook the selected double and single blocks of a ModelPatcher clone of a HunyuanVideo model."""
+    require_block_scope(settings, "HunyuanVideo")
+    dm = model.get_model_object("diffusion_model")
+    sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
+    blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
+    install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
+    return HunyuanAdapter("hunyuan_video", blocks.describe(), blocks.count, int(dm.patch_size[-1]), refs_key=None)
+
+
+def _tables(start: int) -> tuple[Rows, ...]:
+    """pe rows and key-mask columns of the N video tokens, which start at R in both."""
+    return Rows("pe", 2, start), Rows("attention_mask", 2, start, key_mask=True)
+
+
+def merged_double(args: dict, extra: dict, block: Callable[[dict], dict]) -> dict:
+    """Double block: img [ref (R); video (N)] -> [ref; M video]; txt (B, T, C) passes through."""
+    ctx = block_context(args, extra)
+    if ctx is None or not ctx.merge:
+        return block(args)
+    g, img = ctx.geometry, args["img"]
+    if not tokens_match(ctx, img.shape[1], g.extra_tokens + g.tokens):
+        return block(args)
+    length = img.shape[1] + args["txt"].shape[1]
+    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), length)
+
+
+def merged_single(args: dict, extra: dict, block: Callable[[dict], dict]) -> dict:
+    """Single block: img [ref (R); video (N); txt (T)] -> [ref; M video; txt]."""
+    ctx = block_context(args, extra)
+    if ctx is None or not ctx.merge:
+        return block(args)
+    g, seq = ctx.geometry, args["img"]
+    if seq.shape[1] < g.extra_tokens + g.tokens:
+        tokens_match(ctx, seq.shape[1], g.extra_tokens + g.tokens)
+        return block(args)
+    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), seq.shape[1])

@@ -1,0 +1,110 @@
+"""A merged run of one block whose image tokens are a span of one argument, for the DiT families
+without special cases (issue 14): Qwen-Image and SD3 double blocks (image stream `img` =
+[image; references] beside the text stream `txt`), HunyuanVideo's double and single blocks,
+Lumina2's layers and HiDream's blocks.
+
+    x = seq[:, start:start+N]                  the main image grid (B, N, C)
+    block(seq with M x in place of x, every per-token table gathered to the destinations)
+    seq' = out with x + U(out_span - M x) in place of the span
+
+Per-token tables (rope rows, key masks) are described by `Rows`: which argument, its token
+axis, where the image rows start in it and whether it is a key mask (only its last axis is
+per token). A table of an unexpected shape runs the block unmerged, counted with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...toma_core import MergePlan
+from ..runtime import CallContext
+from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A per-token table among a block's arguments: args[key] with tokens on axis `dim`, the N
+    image rows starting at `start` (the text length when text comes first). key_mask: an
+    additive key mask (B|1, ..., L) whose last axis only is per token."""
+
+    key: str
+    dim: int
+    start: int
+    key_mask: bool = False
+
+
+def image_plan(ctx: CallContext, slot: str, image: torch.Tensor) -> MergePlan:
+    """This call's plan of the main grid at `slot`, built from image (B, N, C) when missing. Video
+    frames are tiled one by one (spatial tiles; a frame never merges with another)."""
+    g = ctx.geometry
+    key = slot if g.frames == 1 else (slot, g.frames)
+    return ctx.plan(key, g.height, g.width, lambda: features(image), frames=g.frames)
+
+
+def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: int) -> dict | str:
+    """The per-token tables gathered to the destinations ({key: table}), or why not (a reason)."""
+    n, merged = plan.num_tokens, {}
+    for rows in tables:
+        table = args.get(rows.key)
+        if table is None:
+            continue
+        if rows.key_mask:
+            table, why = merge_key_mask(table, plan, rows.start, n, length)
+            if why:
+                return why
+        elif table.ndim <= rows.dim or table.shape[rows.dim] != length:
+            return f"{rows.key} of shape {tuple(table.shape)} does not have {length} rows on axis {rows.dim}"
+        else:
+            table = merge_rows(table, rows.dim, rows.start, n, plan)
+        merged[rows.key] = table
+    return merged
+
+
+def run_merged(
+    ctx: CallContext, slot: str, seq: torch.Tensor, start: int, args: dict, tables: tuple[Rows, ...],
+    length: int, call: Callable[[torch.Tensor, dict], object], output: Callable[[object], torch.Tensor],
+    rebuild: Callable[[object, torch.Tensor], object],
+) -> tuple[bool, object]:
+    """Run a block on merged image tokens.
+
+    seq (B, L_seq, C) holds the N image tokens at [start, start+N); `length` is the token count of
+    the per-token tables. call(seq_m, tables) runs the block on the merged sequence with the
+    gathered tables; output(out) picks the merged sequence from its result; rebuild(out, seq')
+    puts the unmerged sequence back. Returns (False, reason) when a table has another layout
+    (nothing ran), else (True, the rebuilt result).
+    """
+    n = ctx.geometry.tokens
+    plan = image_plan(ctx, slot, seq[:, start:start + n])
+    merged = merge_tables(args, tables, plan, length)
+    if isinstance(merged, str):
+        return False, merged
+    x, x_m, seq_m = merge_span(seq, start, n, plan)
+    out = call(seq_m, merged)
+    ctx.record_block(True)
+    return True, rebuild(out, unmerge_span(output(out), start, plan, x, x_m))
+
+
+def merged_dit_block(args: dict, block: Callable[[dict], dict], ctx: CallContext, slot: str, start: int, tables: tuple[Rows, ...], length: int) -> dict:
+    """run_merged for a dit replace key whose args["img"] holds the image span at `start`."""
+    done, out = run_merged(
+        ctx, slot, args["img"], start, args, tables, length,
+        call=lambda seq_m, merged: block(dict(args, img=seq_m, **merged)),
+        output=lambda result: result["img"],
+        rebuild=lambda result, img: dict(result, img=img),
+    )
+    if done:
+        return out
+    ctx.record_block(False, out)
+    return block(args)
+
+
+def tokens_match(ctx: CallContext, count: int, expected: int) -> bool:
+    """True when a block sees the token count the call's geometry predicts; else counts the block
+    run as unmerged (the latent grid and the block's tokens disagree)."""
+    if count == expected:
+        return True
+    ctx.record_block(False, "image tokens differ from the latent grid")
+    return False

@@ -1,0 +1,86 @@
+"""ToMA for Lumina-Image 2.0 (`comfy.ldm.lumina.model.NextDiT`, issue 14).
+
+NextDiT has no replace key: each selected `layers.{i}` gets an object patch of its `forward`
+(x, x_mask, freqs_cis, adaln_input, transformer_options) (research/dit_family.md §6.4). The single
+stream x (B, L, C) is [caption (T); image (N)], L = T + N; freqs_cis (B, L, 1, hd/2, 2, 2) and
+x_mask (None, or an additive (B, L) key mask) have one row per token. The layer runs on
+[caption; M image] with the destinations' rope rows and mask columns; its modulation is per
+sample (scale + tanh gate), so it commutes with the merge.
+
+The caption length T differs between cond and uncond (ComfyUI drops padded caption tokens), so
+it is read per call as L - N. A batch whose samples have different caption lengths (a padded
+`attention_mask` whose rows differ) puts each sample's image at its own offset: such a call
+runs unmerged, with the reason. The noise and context refiners before the layers stay exact.
+Z-Image (a later NextDiT with pad tokens) is not in the ComfyUI this was built against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..runtime import CallGeometry
+from ..settings import ToMASettings
+from .common import require_block_scope
+from .dit_blocks import parse_dit_blocks
+from .geometry import DitAdapter
+from .hooks import block_context, install_forward_patches, module_forward
+from .joint import Rows, run_merged
+
+SLOT = "lumina2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lumina2Adapter(DitAdapter):
+    """DitAdapter that also refuses batches whose samples' captions differ in length."""
+
+    def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> CallGeometry:
+        geometry = super().call_geometry(x, context, kwargs)
+        mask = kwargs.get("attention_mask")
+        if geometry.reason is None and torch.is_tensor(mask) and mask.ndim == 2 and mask.shape[0] > 1:
+            lengths = mask.sum(dim=1)
+            if bool((lengths != lengths[0]).any()):
+                return dataclasses.replace(geometry, reason="caption lengths differ within the batch")
+        return geometry
+
+
+def apply(model, settings: ToMASettings) -> Lumina2Adapter:
+    """Object-patch the selected layers of a ModelPatcher clone of a Lumina2 model."""
+    require_block_scope(settings, "Lumina2")
+    dm = model.get_model_object("diffusion_model")
+    blocks = parse_dit_blocks(settings.blocks, {"layers": len(dm.layers)})
+    paths = {f"layers.{i}": blocks.selects("layers", i) for i in range(len(dm.layers))}
+    install_forward_patches(model, paths, lambda path, foreign: make_forward(dm.get_submodule(path), foreign))
+    return Lumina2Adapter("lumina2", blocks.describe(), blocks.count, int(dm.patch_size), refs_key=None)
+
+
+def make_forward(layer: torch.nn.Module, foreign: Callable | None) -> Callable:
+    """The object patch of one layer's forward: x (B, T+N, C) -> (B, T+N, C)."""
+    run = module_forward(layer, foreign)
+
+    def toma_forward(x, x_mask, freqs_cis, adaln_input=None, transformer_options={}):  # noqa: B006 (ComfyUI's signature)
+        def call(seq: torch.Tensor, tables: dict) -> torch.Tensor:
+            return run(seq, tables["x_mask"], tables["freqs_cis"], adaln_input, transformer_options=transformer_options)
+
+        unmerged = {"x_mask": x_mask, "freqs_cis": freqs_cis}
+        ctx = block_context({"transformer_options": transformer_options})
+        if ctx is None or not ctx.merge:
+            return call(x, unmerged)
+        text_len = x.shape[1] - ctx.geometry.tokens
+        if text_len < 0:
+            ctx.record_block(False, "image tokens differ from the latent grid")
+            return call(x, unmerged)
+        tables = (Rows("x_mask", 1, text_len, key_mask=True), Rows("freqs_cis", 1, text_len))
+        done, out = run_merged(
+            ctx, SLOT, x, text_len, unmerged, tables, x.shape[1],
+            call=lambda seq, merged: call(seq, unmerged | merged), output=lambda y: y, rebuild=lambda y, seq: seq,
+        )
+        if done:
+            return out
+        ctx.record_block(False, out)
+        return call(x, unmerged)
+
+    return toma_forward

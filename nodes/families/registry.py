@@ -1,0 +1,147 @@
+"""The family registry (issue 14): which ComfyUI diffusion-model classes ToMA patches, with which
+adapter, what the README says about them, and which models it refuses and why.
+
+Adding a family is one adapter module in this folder, with
+`apply(model_clone, settings) -> FamilyAdapter` (see runtime.FamilyAdapter), plus one `Family`
+line in FAMILIES. Classes are named as "module:Class" strings and resolved only when a model is
+detected, so the registry (and the README table test) needs no ComfyUI; a class missing from the
+installed ComfyUI (a family added after it) is skipped. The README's "Supported models" table is
+`readme_table()`, checked by tests/test_families.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from ..runtime import FamilyAdapter
+from ..settings import ToMASettings
+
+
+@dataclass(frozen=True)
+class Family:
+    """One supported family. name: for logs; classes: ComfyUI diffusion-model classes ("module:Class");
+    adapter: the module in this folder whose `apply` installs the hooks; models, how, limits: its
+    README row."""
+
+    name: str
+    classes: tuple[str, ...]
+    adapter: str
+    title: str
+    models: str
+    how: str
+    limits: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A known model family ToMA refuses, with the reason the node gives."""
+
+    title: str
+    classes: tuple[str, ...]
+    reason: str
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "flux", ("comfy.ldm.flux.model:Flux", "comfy.ldm.chroma.model:Chroma"), "flux", "Flux",
+        "Flux.1 dev, schnell, Fill, Kontext; Chroma (incl. Radiance)",
+        "Replaces the dit double/single blocks. Text tokens and Kontext reference-image tokens pass through unmerged.",
+        "`scope = attention`: double blocks merge q/k/v after ComfyUI's rope (see below).",
+    ),
+    Family(
+        "unet", ("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel",), "unet", "UNet",
+        "SDXL, SD1.x, SD2.x",
+        "Patches each selected `BasicTransformerBlock` (whole block), or only its attention (`scope = attention`).",
+        "Video UNets (SVD) refused; `proportional_attention` not available.",
+    ),
+    Family(
+        "sd3", ("comfy.ldm.modules.diffusionmodules.mmdit:MMDiT",), "sd3", "SD3",
+        "SD3 Medium, SD3.5 Large / Large Turbo / Medium (MMDiT)",
+        "Replaces the dit joint blocks (`double:` in `blocks`); the text stream passes through. No rope: positions ride in the tokens.",
+        "`scope = block` only; no `proportional_attention`.",
+    ),
+    Family(
+        "qwen_image", ("comfy.ldm.qwen_image.model:QwenImageTransformer2DModel",), "qwen_image", "Qwen-Image",
+        "Qwen-Image, Qwen-Image-Edit",
+        "Replaces the dit blocks (`double:` in `blocks`); merged tokens take their destinations' rope rows. Edit reference-image tokens pass through unmerged.",
+        "`scope = block` only; no `proportional_attention`. Edit: the reference tokens are not merged, so the gain is smaller (about half the tokens stay).",
+    ),
+    Family(
+        "lumina2", ("comfy.ldm.lumina.model:NextDiT",), "lumina2", "Lumina2",
+        "Lumina-Image 2.0 (NextDiT)",
+        "Object-patches each selected main layer (`layers:` in `blocks`); caption tokens pass through, merged tokens take their destinations' rope rows and mask columns.",
+        "`scope = block` only; no `proportional_attention`. The refiner layers stay exact. Z-Image is not in ComfyUI 0.3.64 and not tested.",
+    ),
+    Family(
+        "hunyuan_video", ("comfy.ldm.hunyuan_video.model:HunyuanVideo",), "hunyuan_video", "HunyuanVideo",
+        "HunyuanVideo (T2V, custom I2V); HunyuanImage 2.1 shares the class (not tested)",
+        "Replaces the dit double/single blocks; video frames are tiled one by one. Text tokens, the text mask and reference-latent tokens pass through unmerged.",
+        "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\" (first-frame modulation) runs unmerged. No tiles across frames yet.",
+    ),
+)
+
+REFUSED: tuple[Refusal, ...] = (
+    Refusal(
+        "LTXV", ("comfy.ldm.lightricks.model:LTXVModel",),
+        "its modulation is per token under a noise mask (image-to-video, keyframe guides), so merged "
+        "tokens would need their own timestep embeddings, and keyframe tokens carry rope positions "
+        "off the latent grid",
+    ),
+    Refusal(
+        "Cosmos", ("comfy.ldm.cosmos.predict2:MiniTrainDIT", "comfy.ldm.cosmos.model:GeneralDIT"),
+        "its blocks take the latent as a 5-D (B, T, H, W, C) grid with per-frame modulation, which a "
+        "token merge cannot hand them",
+    ),
+)
+
+
+def resolve(path: str) -> type | None:
+    """The class named "module:Class", or None when this ComfyUI does not have it."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def _matches(diffusion_model, classes: tuple[str, ...]) -> bool:
+    return any(cls is not None and isinstance(diffusion_model, cls) for cls in map(resolve, classes))
+
+
+def supported_text() -> str:
+    """'Flux (...), UNet (...), ...' for error messages."""
+    return ", ".join(f"{f.title} ({f.models})" for f in FAMILIES)
+
+
+def family_of(diffusion_model) -> Family:
+    """The Family of a diffusion-model module; ValueError naming its class (and the reason, for a
+    refused family) when ToMA has no adapter for it."""
+    cls = type(diffusion_model)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    for refusal in REFUSED:
+        if _matches(diffusion_model, refusal.classes):
+            raise ValueError(f"ToMA does not support {refusal.title} ({name}): {refusal.reason}")
+    for family in FAMILIES:
+        if _matches(diffusion_model, family.classes):
+            return family
+    raise ValueError(f"ToMA does not support the diffusion model class {name}; supported families: {supported_text()}")
+
+
+def detect_family(model) -> Family:
+    """Family of `model` (a ModelPatcher), from its diffusion model's class."""
+    return family_of(model.get_model_object("diffusion_model"))
+
+
+def apply_family(family: Family, model, settings: ToMASettings) -> FamilyAdapter:
+    """Install the family's hooks on `model` (a ModelPatcher clone); return its runtime adapter."""
+    adapter = importlib.import_module(f".{family.adapter}", __package__)
+    return adapter.apply(model, settings)
+
+
+def readme_table() -> str:
+    """The README's "Supported models" table (markdown), one row per family, then the refusals."""
+    rows = ["| Family | Models | How | Limits |", "|---|---|---|---|"]
+    rows += [f"| {f.title} | {f.models} | {f.how} | {f.limits} |" for f in FAMILIES]
+    rows += [f"| {r.title} | refused | - | {r.reason[0].upper()}{r.reason[1:]}. |" for r in REFUSED]
+    return "\n".join(rows)

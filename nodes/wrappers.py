@@ -1,0 +1,175 @@
+"""The two wrappers a ToMA patch installs (patching.install_runtime), which create the per-run and
+per-call state of runtime.py.
+
+- OUTER_SAMPLE (`outer_sample_wrapper`): a fresh RunState for each sampling run (the EasyCache
+  pattern), its sigma window, the run's summary line at the end (report.py).
+- APPLY_MODEL (`apply_model_wrapper`): the per-call decision (step, merge on/off, epoch, token
+  grid, batch composition) made eagerly in `build_call`, the CallContext exposed to the block
+  hooks for the call, and the plans they built kept for later calls. APPLY_MODEL rather than
+  DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model` (DIFFUSION_MODEL wrappers
+  included), so decisions made here stay eager (issue 7 point 5).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from ..toma_core import StepDecision
+from .report import bypassed, format_report
+from .runtime import (
+    TORCH_COMPILE_KWARGS, CallContext, CallGeometry, RunState, compiling, enter_call, leave_call, orphan_count,
+)
+from .settings import CALL_KEY, TOMA_KEY, ToMASettings
+
+log = logging.getLogger(__name__)
+
+
+def outer_sample_wrapper(executor, *args, **kwargs):
+    """OUTER_SAMPLE: give this sampling run a fresh RunState; log its summary; restore options.
+
+    args: (noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed).
+    """
+    guider = executor.class_obj
+    template = guider.model_options.get("transformer_options", {}).get(TOMA_KEY)
+    if not isinstance(template, RunState):
+        return executor(*args, **kwargs)
+    import comfy.model_patcher
+
+    original = guider.model_options
+    orphans_before = orphan_count()
+    state = template.fresh()
+    try:
+        guider.model_options = comfy.model_patcher.create_model_options_clone(original)
+        guider.model_options["transformer_options"][TOMA_KEY] = state
+        state.stats.compiled = TORCH_COMPILE_KWARGS in guider.model_options
+        sampling = guider.model_patcher.get_model_object("model_sampling")
+        state.begin_run(sampling.percent_to_sigma, args[3] if len(args) > 3 else kwargs.get("sigmas"))
+        return executor(*args, **kwargs)
+    except BaseException:
+        state.stats.failed = True  # issue 10: a run that died (e.g. another node's crash) is no bypass
+        raise
+    finally:
+        guider.model_options = original
+        orphans = orphan_count() - orphans_before
+        log.info(format_report(state.config, state.stats, orphans))
+        _warn_bypass(state, orphans)
+        state.plans.clear()
+
+
+def apply_model_wrapper(executor, *args, **kwargs):
+    """APPLY_MODEL: decide this call eagerly and expose the CallContext to the block hooks.
+
+    args: (x (B, C, H, W), t (B,), c_concat, c_crossattn (B, T, C_txt), control,
+    transformer_options, **extra conds); transformer_options may also come as a keyword.
+    """
+    args = list(args)
+    options, put_back = _options_of(args, kwargs)
+    state = options.get(TOMA_KEY) if isinstance(options, dict) else None
+    if not isinstance(state, RunState):
+        return executor(*args, **kwargs)
+    x, t = args[0], args[1]
+    context = args[3] if len(args) > 3 else kwargs.get("c_crossattn")
+    ctx = build_call(state, x, t, context, options, kwargs)
+    options = dict(options)
+    options[CALL_KEY] = ctx
+    put_back(options)
+    hooked = _hooked_blocks(state)
+    enter_call(ctx)
+    try:
+        out = executor(*args, **kwargs)
+    finally:
+        leave_call()
+        state.keep_plans(ctx)
+    if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
+        _count_idle_call(state, ctx)
+    return out
+
+
+IDLE_CALL = "with no block run (skipped by a step cache, or bypassed)"
+"""Unmerged-call reason: a merge-eligible call in which none of ToMA's block hooks ran (EasyCache
+returned its cached result, or the forward loop ignores ToMA's hooks)."""
+
+
+def _hooked_blocks(state: RunState) -> int:
+    stats = state.stats
+    return stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + orphan_count()
+
+
+def _count_idle_call(state: RunState, ctx: CallContext) -> None:
+    """Move a merge-eligible call in which no block hook ran from "merged" to "unmerged"."""
+    stats = state.stats
+    stats.merged_calls -= 1
+    stats.unmerged_calls[IDLE_CALL] += 1
+    stats.merged_per_step[ctx.step] -= 1
+    if stats.merged_per_step[ctx.step] <= 0:
+        stats.steps_merged.discard(ctx.step)
+
+
+def _options_of(args: list, kwargs: dict) -> tuple[dict | None, Callable[[dict], None]]:
+    if "transformer_options" in kwargs:
+        return kwargs["transformer_options"], lambda new: kwargs.__setitem__("transformer_options", new)
+    if len(args) > 5:
+        return args[5], lambda new: args.__setitem__(5, new)
+    return None, lambda new: kwargs.__setitem__("transformer_options", new)
+
+
+def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | None, options: dict, kwargs: dict) -> CallContext:
+    """Make the per-call decision (step, merge, epoch) and record the call's token layout."""
+    settings = state.config.settings
+    geometry = state.config.adapter.call_geometry(x, context, kwargs)
+    decision = state.decide(options, t)
+    reason = _call_veto(state, settings, decision, geometry)
+    composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()))
+    batch, epoch = int(x.shape[0]), decision.epoch if decision else None
+    ctx = CallContext(
+        state=state, merge=reason is None, reason=reason,
+        step=decision.step if decision else -1, epoch=epoch,
+        geometry=geometry, batch=batch, composition=composition,
+        plans=state.plans_for(batch, composition, epoch or 0) if reason is None else {},
+    )
+    _count_call(state, ctx)
+    return ctx
+
+
+def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry) -> str | None:
+    if decision is None:
+        return "outside a sampling run"
+    if decision.skipped:
+        return f"between merge steps (merge_every={settings.schedule.merge_every})"
+    if not decision.merge:
+        return "outside the sigma window"
+    if geometry.reason is not None:
+        return geometry.reason
+    if geometry.tokens < settings.min_tokens:
+        return f"fewer than min_tokens={settings.min_tokens} image tokens"
+    return None
+
+
+def _count_call(state: RunState, ctx: CallContext) -> None:
+    stats = state.stats
+    stats.calls += 1
+    if ctx.merge:
+        stats.merged_calls += 1
+        stats.eligible_calls += 1
+        stats.merged_per_step[ctx.step] += 1
+        stats.steps_merged.add(ctx.step)
+    else:
+        stats.unmerged_calls[ctx.reason] += 1
+    if state.config.settings.verbose:
+        g = ctx.geometry
+        log.info(
+            "ToMA call: step %d epoch %s, %s, grid %dx%d, T=%s, +%d extra tokens, batch %d %s",
+            ctx.step, ctx.epoch, "merged" if ctx.merge else f"unmerged ({ctx.reason})",
+            g.height, g.width, g.text_len, g.extra_tokens, ctx.batch, ctx.composition[0],
+        )
+
+
+def _warn_bypass(state: RunState, orphans: int) -> None:
+    if bypassed(state.config, state.stats, orphans) and not compiling():
+        log.warning(
+            "ToMA: the model ran %d merge-eligible calls but none of ToMA's block hooks ran; another "
+            "node replaced the model's forward loop and ToMA had no effect", state.stats.eligible_calls,
+        )

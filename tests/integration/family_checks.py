@@ -1,0 +1,106 @@
+"""Checks every DiT family of issue 14 must pass on its tiny ComfyUI model (the family test files
+call them with their model, latent and conditioning):
+
+- ratio 0 (every block) is bit-identical to the unpatched model;
+- at ratio 0.5 the attention runs on fewer tokens (lengths recorded by an attention override);
+- the unpatched model is bit-identical after patched runs and keeps no ToMA state;
+- under CFG a batch of two equals two single runs, and each sample of a batch gets its own
+  destinations (per-sample plans);
+- odd latent sizes run, merge, and stay bit-identical at ratio 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from compat_support import patch, record_attention, rel, run_lines  # noqa: F401 (re-exported for the family tests)
+
+
+def lengths_of(model: Any) -> tuple[Any, list[int]]:
+    """A clone of `model` recording each attention call's key length."""
+    return record_attention(model, lambda batch, q, k, mask: k)
+
+
+def sample(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, **kw: Any) -> torch.Tensor:
+    kw.setdefault("steps", 2)
+    return tiny.sample(model, latent, positive=pos, negative=neg, **kw)
+
+
+def check_ratio_zero(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, **kw: Any) -> torch.Tensor:
+    """Ratio 0 on every block equals the unpatched model bit for bit; returns the unpatched output.
+    kw: sampler arguments (cfg, steps)."""
+    baseline = sample(tiny, model, latent, pos, neg, **kw)
+    assert baseline.abs().sum() > 0
+    assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0, blocks="all"), latent, pos, neg, **kw), baseline)
+    return baseline
+
+
+def merged_lengths(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, cfg: float = 2.0, **settings: Any) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+    """(unpatched key lengths, merged key lengths, unpatched output, merged output) of 1-step runs
+    at ratio 0.5, tile 4, every block (unless `settings` says otherwise)."""
+    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all"} | settings
+    plain, plain_lengths = lengths_of(model)
+    merged, lengths = lengths_of(patch(toma, model, **settings))
+    base = sample(tiny, plain, latent, pos, neg, steps=1, cfg=cfg)
+    out = sample(tiny, merged, latent, pos, neg, steps=1, cfg=cfg)
+    assert torch.isfinite(out).all()
+    return plain_lengths, lengths, base, out
+
+
+def check_clone_untouched(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list) -> None:
+    """Patched runs (two sizes) leave the unpatched model bit-identical and free of ToMA state."""
+    baseline = sample(tiny, model, latent, pos, neg, seed=5)
+    patched = patch(toma, model)
+    sample(tiny, patched, latent, pos, neg, seed=5)
+    odd = (*latent[:-2], latent[-2] + 2, latent[-1] + 6)
+    sample(tiny, patched, odd, pos, neg, seed=5)
+    assert torch.equal(sample(tiny, model, latent, pos, neg, seed=5), baseline)
+    options = model.model_options.get("transformer_options", {})
+    assert toma.settings.TOMA_KEY not in options
+    assert not options.get("patches_replace", {}).get("dit")
+    assert not model.object_patches
+
+
+def check_per_sample(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, monkeypatch: Any) -> None:
+    """A batch of two noises equals two single runs (1 step, judged against ToMA's own effect), and
+    every plan of a CFG batch picks different destinations for cond and uncond."""
+    import comfy.sample
+
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn((2, *latent[1:]), generator=gen)
+    patched = patch(toma, model)
+
+    def run(m: Any, n: torch.Tensor) -> torch.Tensor:
+        empty = torch.zeros_like(n)
+        return comfy.sample.sample(m, n, 1, 2.0, "euler", "simple", pos, neg, empty, seed=0, disable_pbar=True)
+
+    plans: list[Any] = []
+    original = toma.runtime.make_plan
+    monkeypatch.setattr(toma.runtime, "make_plan", lambda *a, **k: plans.append(original(*a, **k)) or plans[-1])
+    batch = run(patched, noise)
+    monkeypatch.setattr(toma.runtime, "make_plan", original)
+    singles = torch.cat([run(patched, noise[i:i + 1]) for i in range(2)])
+    effect = rel(batch, run(model, noise))
+    assert effect > 1e-3
+    assert rel(batch, singles) < 1e-3 * effect
+    assert plans and all(p.dst_index.shape[0] == 4 for p in plans)  # 2 noises x (cond, uncond) in one call
+    assert all(not torch.equal(p.dst_index[0], p.dst_index[1]) for p in plans)  # noise 0 vs noise 1
+
+
+def check_odd_size(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, full_length: int) -> None:
+    """An odd latent merges (every attention shorter than `full_length`) and is exact at ratio 0."""
+    merged, lengths = lengths_of(patch(toma, model, tile_size=4, blocks="all"))
+    out = sample(tiny, merged, latent, pos, neg)
+    baseline = sample(tiny, model, latent, pos, neg)
+    assert out.shape == baseline.shape and torch.isfinite(out).all()
+    assert lengths and max(lengths) < full_length
+    assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0), latent, pos, neg), baseline)
+
+
+def summary(caplog: Any) -> str:
+    """The last run's ToMA summary line."""
+    lines = run_lines(caplog)
+    assert lines
+    return lines[-1]

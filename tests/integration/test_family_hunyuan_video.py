@@ -1,0 +1,109 @@
+"""ToMA on HunyuanVideo in real ComfyUI: a tiny random-weight `HunyuanVideo` sampled through
+`comfy.sample.sample` (issue 14). Traps (research/dit_family.md §4, §11.1, §11.8): the image comes
+first in every sequence and rope table, the key is `attention_mask` (a (1, 1, L) key mask, only at
+batch 1 in ComfyUI 0.3.64), both block kinds write into their inputs in place, reference-latent
+tokens are prepended, and the "v2 (replace)" image-to-video guidance modulates frame 0 apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import family_checks as fc  # noqa: E402
+import tiny_dits  # noqa: E402
+
+LATENT = (1, 16, 3, 16, 16)
+"""3 frames of an 8 x 8 token grid: N = 192, D = 96 at ratio 0.5 with tile 4."""
+TEXT = 12
+REFINER = [TEXT, TEXT]
+"""Key lengths of the two text token-refiner blocks (never merged)."""
+
+
+@pytest.fixture(scope="module")
+def hunyuan(tiny: Any) -> Any:
+    return tiny_dits.build_hunyuan(seed=0)
+
+
+@pytest.fixture(scope="module")
+def conds(tiny: Any) -> tuple[list, list]:
+    return tiny_dits.conditioning("hunyuan_video", 1, TEXT), tiny_dits.conditioning("hunyuan_video", 2, TEXT)
+
+
+def test_ratio_zero_is_bit_identical(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    fc.check_ratio_zero(tiny, toma, hunyuan, LATENT, *conds)
+
+
+def test_every_block_runs_on_merged_tokens(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, *conds)
+    assert plain == REFINER + [192 + TEXT] * 4 and merged == REFINER + [96 + TEXT] * 4
+    assert fc.rel(out, base) > 1e-3
+    line = fc.summary(caplog)
+    assert "4 block runs merged" in line and "192->96 tokens (8x8)" in line
+
+
+def test_in_place_single_blocks_keep_their_change(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    """Single blocks add to their input in place: a delta taken against the tensor passed in would
+    be zero, as if the blocks did nothing. Merging them (ratio 0.25) stays far closer to the
+    unpatched model than skipping them does."""
+    skipped = hunyuan.clone()
+    for i in range(2):
+        skipped.set_model_patch_replace(lambda args, extra: {"img": args["img"]}, "dit", "single_block", i)
+    base = fc.sample(tiny, hunyuan, LATENT, *conds, steps=1)
+    merged = fc.sample(tiny, fc.patch(toma, hunyuan, ratio=0.25, blocks="single:0-1"), LATENT, *conds, steps=1)
+    nothing = fc.sample(tiny, skipped, LATENT, *conds, steps=1)
+    assert fc.rel(merged, base) < 0.5 * fc.rel(nothing, base)
+
+
+def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any) -> None:
+    """A padded prompt (9 of 12 tokens) at cfg 1 (ComfyUI builds the mask at batch 1 only): every
+    merged attention gets a mask of D + T keys, and ratio 0 stays exact."""
+    mask = torch.ones((1, TEXT), dtype=torch.long)
+    mask[:, 9:] = 0
+    pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, attention_mask=mask)
+    neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT)
+    base = fc.sample(tiny, hunyuan, LATENT, pos, neg, cfg=1.0)
+    assert torch.equal(fc.sample(tiny, fc.patch(toma, hunyuan, ratio=0.0, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
+    recorded, calls = fc.record_attention(fc.patch(toma, hunyuan, blocks="all"), lambda b, q, k, m: (k, None if m is None else m.shape[-1]))
+    out = fc.sample(tiny, recorded, LATENT, pos, neg, cfg=1.0, steps=1)
+    assert calls[len(REFINER):] == [(96 + TEXT, 96 + TEXT)] * 4
+    assert fc.rel(out, base) > 1e-3
+
+
+def test_reference_latent_tokens_pass_through(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    """The "custom" image-to-video reference (one 8 x 8-token frame) is prepended: R = 64 tokens stay.
+    At cfg 1: ComfyUI 0.3.64's reference ids fail at batch 2 (an in-place write to an expanded tensor)."""
+    ref = torch.randn((1, 16, 1, 16, 16), generator=torch.Generator().manual_seed(4))
+    pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, ref_latent=ref)
+    neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT)
+    fc.check_ratio_zero(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
+    assert plain == REFINER + [64 + 192 + TEXT] * 4 and merged == REFINER + [64 + 96 + TEXT] * 4
+    assert fc.rel(out, base) > 1e-3
+
+
+def test_token_replace_guidance_runs_unmerged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, guiding_frame_index=0)
+    neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT, guiding_frame_index=0)
+    base = fc.sample(tiny, hunyuan, LATENT, pos, neg, cfg=1.0)
+    assert torch.equal(fc.sample(tiny, fc.patch(toma, hunyuan, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
+    assert "2 calls image-to-video token replace (first-frame modulation) is not merged" in fc.summary(caplog)
+
+
+def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    fc.check_clone_untouched(tiny, toma, hunyuan, LATENT, *conds)
+
+
+def test_per_sample_plans_under_cfg(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    fc.check_per_sample(tiny, toma, hunyuan, LATENT, *conds, monkeypatch)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 2, 18, 22), (1, 16, 1, 2, 30), (1, 16, 3, 10, 14)])
+def test_odd_token_grids(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, shape: tuple[int, ...]) -> None:
+    """Odd token grids (9 x 11, 1 x 15, 5 x 7); ComfyUI's HunyuanVideo itself needs even latent sides."""
+    n = shape[2] * (shape[3] // 2) * (shape[4] // 2)
+    fc.check_odd_size(tiny, toma, hunyuan, shape, *conds, full_length=TEXT + n)

@@ -1,0 +1,95 @@
+"""Tiny, randomly initialised DiTs of the families added in issue 14 (SD3, Qwen-Image, Lumina2,
+HunyuanVideo, HiDream), built from ComfyUI's own classes and configs (research/dit_family.md
+§10), with conditioning shaped for each. Weights are filled by ``tiny_models.init_weights``.
+
+Import only once ComfyUI is importable (the ``tiny`` fixture makes sure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tiny_models import build
+
+
+def sd3_config(**overrides: Any) -> dict[str, Any]:
+    """MMDiT: depth 2 (hidden 128, 2 heads of 64), 3 joint blocks, the first with SD3.5-Medium's
+    extra image self-attention, learned pos-embed of 32 x 32, context 32 -> 128."""
+    return {
+        "in_channels": 16, "patch_size": 2, "depth": 2, "num_blocks": 3, "adm_in_channels": 48,
+        "pos_embed_scaling_factor": None, "num_patches": 1024, "pos_embed_max_size": 32,
+        "context_embedder_config": {"target": "torch.nn.Linear", "params": {"in_features": 32, "out_features": 128}},
+        "qk_norm": "rms", "x_block_self_attn_layers": [0],
+    } | overrides
+
+
+def qwen_config(**overrides: Any) -> dict[str, Any]:
+    """Qwen-Image: 3 blocks, 4 heads of 16 (rope axes 4/6/6), text features 32."""
+    return {
+        "image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "patch_size": 2, "num_layers": 3,
+        "attention_head_dim": 16, "num_attention_heads": 4, "joint_attention_dim": 32, "axes_dims_rope": (4, 6, 6),
+    } | overrides
+
+
+def lumina_config(**overrides: Any) -> dict[str, Any]:
+    """Lumina2 NextDiT: dim 64, 3 layers, 4 heads (2 kv heads), rope axes 4/6/6, caption features 32."""
+    return {
+        "image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 64, "n_layers": 3,
+        "n_refiner_layers": 1, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 16, "ffn_dim_multiplier": None,
+        "norm_eps": 1e-5, "qk_norm": True, "cap_feat_dim": 32, "axes_dims": [4, 6, 6], "axes_lens": [300, 64, 64],
+    } | overrides
+
+
+def hunyuan_config(**overrides: Any) -> dict[str, Any]:
+    """HunyuanVideo: hidden 64, 4 heads of 16 (rope axes 4/6/6), 2 double + 2 single blocks."""
+    return {
+        "image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16, "vec_in_dim": 24, "context_in_dim": 32,
+        "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2, "axes_dim": [4, 6, 6],
+        "theta": 256, "patch_size": [1, 2, 2], "qkv_bias": True, "guidance_embed": True, "byt5": False, "meanflow": False,
+    } | overrides
+
+
+def build_sd3(seed: int = 0, **overrides: Any) -> Any:
+    """A tiny ``comfy.model_base.SD3``; its pos_embed buffer (torch.empty in ComfyUI) is filled too."""
+    import comfy.supported_models
+
+    model = build(comfy.supported_models.SD3, sd3_config(**overrides), seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        buffer = model.model.diffusion_model.pos_embed
+        buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.1)
+    return model
+
+
+def build_qwen(seed: int = 0, **overrides: Any) -> Any:
+    import comfy.supported_models
+
+    return build(comfy.supported_models.QwenImage, qwen_config(**overrides), seed)
+
+
+def build_lumina(seed: int = 0, **overrides: Any) -> Any:
+    import comfy.supported_models
+
+    return build(comfy.supported_models.Lumina2, lumina_config(**overrides), seed)
+
+
+def build_hunyuan(seed: int = 0, **overrides: Any) -> Any:
+    import comfy.supported_models
+
+    return build(comfy.supported_models.HunyuanVideo, hunyuan_config(**overrides), seed)
+
+
+def conditioning(family: str, seed: int, text_len: int = 12, **extras: Any) -> list[list[Any]]:
+    """Batch-1 CONDITIONING for a tiny model of `family`; extras go into its dict (e.g.
+    reference_latents for Qwen-Image-Edit)."""
+    gen = torch.Generator().manual_seed(seed)
+    if family == "sd3":
+        extras.setdefault("pooled_output", torch.randn((1, 48), generator=gen))
+    if family == "hunyuan_video":
+        extras.setdefault("pooled_output", torch.randn((1, 24), generator=gen))
+        extras.setdefault("guidance", 6.0)
+    if family == "lumina2":
+        extras.setdefault("attention_mask", torch.ones((1, text_len), dtype=torch.long))
+    return [[torch.randn((1, text_len, 32), generator=gen), extras]]
