@@ -124,3 +124,25 @@ def sd15_checkpoint(path: Path) -> Path:
     tensors |= {f"cond_stage_model.transformer.{k}": v for k, v in clip_l_tensors().items()}
     tensors |= {f"first_stage_model.{k}": v.half() for k, v in taesd_tensors(4).items()}
     return _save(tensors, path)
+
+
+def flux_gguf_q8_0(path: Path) -> Path:
+    """The same Flux as ``flux_unet``, written with the ``gguf`` package: 2-d weights whose rows
+    split into 32-value blocks as Q8_0, everything else F32 (what ComfyUI-GGUF's loader reads)."""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), arch="flux")
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, tensor in flux_module().state_dict().items():
+        data = tensor.float().numpy()
+        if data.ndim == 2 and data.shape[-1] % gguf.GGML_QUANT_SIZES[q8][0] == 0:
+            writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,18 +1,16 @@
 """ToMA with step caches and with other packs' forward loops (issue 7 points 1-3 and 6).
 
 Real ComfyUI nodes: EasyCache and LazyCache (comfy_extras/nodes_easycache.py) in both node orders,
-on tiny Flux and tiny SDXL. Third-party packs are not installed; their calling conventions are
-reproduced by small stand-ins written here (no pack code is copied):
+on tiny Flux and tiny SDXL. The real third-party packs (TeaCache, MagCache, WaveSpeed FBCache,
+ComfyUI-GGUF, KJNodes' compile nodes) run in test_compat_real_packs.py (issue 13), which replaced
+the stand-ins of their calling conventions that were here. Stand-ins remain only for packs whose
+code cannot run here (no pack code is copied):
 
-- ``ForeignLoop("no_options")``: TeaCache / MagCache / ComfyUI-Lightning. A
-  ``model_function_wrapper`` swaps the Flux module's ``forward_orig`` for the call; the swapped
-  loop calls the dit replacements with args lacking ``transformer_options`` and runs the blocks
-  without it.
-- ``ForeignLoop("options_in_extra")``: WaveSpeed FBCache / PuLID-Flux-ll's loop: as above, but
-  ``transformer_options`` is passed in the second (``extra``) dict.
-- ``ForeignLoop("ignores_replacements")``: balazik PuLID-Flux / any loop that never consults
-  ``patches_replace``: ToMA's hooks never run, which must be reported, not silent.
-- ``PulidLike``: a PuLID-Flux-ll-style callable already registered on a dit key (with ``.add``).
+- ``ForeignLoop("ignores_replacements")``: balazik PuLID-Flux, or any loop that never consults
+  ``patches_replace`` (that pack is not among ../shared/third_party, and its loop needs its face
+  models): ToMA's hooks never run, which must be reported, not silent.
+- ``PulidLike``: a PuLID-Flux-ll-style callable already registered on a dit key (with ``.add``);
+  see test_compat_real_packs.py for why the real PuLID-ll is not run.
 """
 
 from __future__ import annotations
@@ -100,7 +98,8 @@ def test_step_cache_in_both_orders(family: str, cache: str, tiny: Any, toma: Tom
 
 
 class ForeignLoop:
-    """A stand-in "other pack" that re-implements Flux's block loop the way caching packs do.
+    """A stand-in "other pack" that re-implements Flux's block loop the way caching packs do
+    (the real TeaCache, MagCache and FBCache loops: test_compat_real_packs.py).
 
     Installed as a ``model_function_wrapper`` (the single slot TeaCache, MagCache and FBCache
     use); for each call it sets an instance ``forward_orig`` on the Flux module (their
@@ -160,22 +159,6 @@ class ForeignLoop:
             return fn({k: v for k, v in args.items() if k != "transformer_options"}, foreign_extra)
 
         return call
-
-
-@pytest.mark.parametrize("order", ["pack_first", "toma_first"])
-@pytest.mark.parametrize("mode", ["no_options", "options_in_extra"])
-def test_foreign_loop_calling_conventions(mode: str, order: str, tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
-    """TeaCache/MagCache/Lightning (no transformer_options) and FBCache/PuLID-ll (in extra): no
-    KeyError, ToMA finds its call state and merges exactly as without the pack."""
-    pack = ForeignLoop(mode)
-    model = toma.patch(pack.apply(tiny_flux)) if order == "pack_first" else pack.apply(toma.patch(tiny_flux))
-    out = tiny.sample(model, FLUX_LATENT, steps=2)
-    line = run_lines(logs)[-1]
-    assert pack.loops == 2 and len(pack.img_tokens) == 2 * FLUX_BLOCKS  # the foreign loop ran our hooks
-    assert merged_block_runs(line) == 2 * FLUX_BLOCKS and "unmerged: none" in line
-    assert torch.equal(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=2))
-    assert rel(out, tiny.sample(tiny_flux, FLUX_LATENT, steps=2)) > 1e-3
-    assert not warnings_of(logs)
 
 
 def test_hook_without_any_call_state_runs_unmerged(tiny_flux: Any, toma: Toma) -> None:
