@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "example_workflows"
 ASSETS = REPO / "assets"
 PACK_NODE_TYPES = ("ToMAPatch", "ToMAPatchAdvanced")
-SAMPLE_IMAGES = {"flux": "astronaut", "sdxl": "chelsea", "sd15": "coffee"}
+SAMPLE_IMAGES = {"flux": "astronaut", "sdxl": "chelsea", "sd15": "coffee", "wan": "rocket"}
 """Workflow name prefix -> scikit-image sample picture (any other name gets the astronaut)."""
 
 THUMB_GRID, THUMB_PATCH = 32, 16  # 32 x 32 tokens of 16 px: a 512 px picture
@@ -107,7 +107,7 @@ def workflow_thumbnail(path: Path):
     ratio, tile_size = toma_settings(workflow)
     rec = plan_picture(sample_image_for(path.stem), ratio, tile_size, THUMB_GRID, THUMB_PATCH)
     n, d = rec.h * rec.w, rec.plan.num_kept
-    model = path.stem.split("_")[0].upper().replace("FLUX", "Flux")
+    model = path.stem.split("_")[0].upper().replace("FLUX", "Flux").replace("WAN", "Wan")
     subtitle = f"ratio {ratio:g}, tile {tile_size}x{tile_size}: {n} -> {d} tokens (red = kept)"
     return thumbnail(rec, tile_size, f"ToMA token merging - {model}", subtitle)
 

@@ -10,6 +10,8 @@ Sections (each timed in this run, speed-ups always against the unpatched model o
   relative error of the denoiser output, unpatched vs ToMA per ratio vs the ideal (D tokens).
 - sdxl: the same on bench_sdxl's SDXL-shaped UNet: unpatched vs ToMA vs scope "attention" vs the
   built-in ToMe.
+- wan: bench/bench_wan.py, ms per model call of a Wan-shaped video model (14B's tokens-to-width
+  balance at 832x480x81), unpatched vs ToMA per ratio vs the ideal (D tokens) (issue 12).
 - tokens: bench/fidelity.py, merge fidelity on natural-image tokens, ToMA vs ToMe vs pooling.
 
 Sizes. Default (CPU): the benches' CPU shapes (Flux hidden 768 with 2+4 blocks on 32x32 tokens,
@@ -47,7 +49,7 @@ if str(BENCH) not in sys.path:
 
 import model_fidelity  # noqa: E402  (also puts tests/ and tests/integration/ on sys.path)
 
-SECTIONS = ("core", "flux", "sdxl", "tokens")
+SECTIONS = ("core", "flux", "sdxl", "wan", "tokens")
 ROW_NOTES = {
     "flux": "ToMA r: every block merged at ratio r, a plan built in every call; ToMA-prop r: the same with "
             "proportional attention (the advanced node's proportional_attention: log cluster size added to "
@@ -78,18 +80,21 @@ class Preset:
     sdxl_calls: int
     tokens: list[str] = field(default_factory=list)
     weight_seeds: tuple[int, ...] = (0, 1, 2)
+    wan: list[str] = field(default_factory=list)
 
 
 def preset_for(args: argparse.Namespace) -> Preset:
     """The sizes for --smoke, the CPU default or --device cuda."""
     if args.smoke:
         return Preset("smoke", ["--width", "64", "--grid", "8", "--repeats", "1"], "smoke", 1, 0, 1, 1,
-                      ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"], (0, 1))
+                      ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"], (0, 1),
+                      ["--dim", "128", "--heads", "1", "--ffn", "256", "--depth", "1", "--frames", "3", "--height", "4",
+                       "--width", "6", "--text", "16", "--repeats", "1", "--warmup", "0", "--ratios", "0.5"])
     if args.device != "cpu":
         return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5,
-                      ["--tiles", "2,4,8"])
+                      ["--tiles", "2,4,8"], wan=["--dtype", "bf16", "--real-size", "--repeats", "5"])
     return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 9, 1, 4, 2,
-                  ["--tiles", "2,4,8"])
+                  ["--tiles", "2,4,8"], wan=["--repeats", "7"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,6 +191,18 @@ def core_section(args: argparse.Namespace, preset: Preset) -> dict:
         rows.append({"piece": piece, "ms": float(ms), "percent_of_block": float(pct.rstrip("%"))})
     setup = next((line for line in lines if line.startswith("device=")), "")
     return {"command": command, "setup": setup, "table": table, "rows": rows}
+
+
+def wan_section(args: argparse.Namespace, preset: Preset) -> dict:
+    """bench_wan.py's table (unpatched, ideal and ToMA per ratio, % of the ideal's speed-up) and its setup line."""
+    command, stdout = run_script("bench_wan.py", ["--device", args.device, *preset.wan], args.threads)
+    lines = stdout.strip().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    rows = []
+    for line in table[2:]:
+        config, tokens, ms, speedup, *_ = [c.strip() for c in line.strip("|").split("|")]
+        rows.append({"config": config, "tokens": int(tokens), "ms": float(ms), "speedup": float(speedup)})
+    return {"command": command, "setup": lines[0] if lines else "", "table": table, "rows": rows}
 
 
 def node_defaults() -> dict:
@@ -358,6 +375,13 @@ def render_markdown(results: dict, image_dir: str = ".", heading: str = "#", hea
                 + ROW_NOTES[family].format(perturb=PERTURB_NOTE), "", *s["table"], ""]
         if s.get("plot_written"):
             out += [f"![{title}: speed-up vs error]({image_dir}/{s['plot']})", ""]
+    s = sections.get("wan")
+    if s is not None:
+        out += [f"{h2} Wan-shaped video model: speed", ""]
+        out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [
+            f"`{s['command']}`: {s['setup']}. ToMA r: every block merged at ratio r, a plan built in every call; "
+            "ideal r: the unpatched model on a video of D tokens; % of ideal = ToMA's speed-up / the ideal's.", "",
+            *s["table"], ""]
     s = sections.get("core")
     if s is not None:
         out += [f"{h2} Core overhead (make_plan + merge + unmerge vs one block)", ""]
@@ -403,7 +427,7 @@ def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
     out = Path(args.out)
     sections: dict[str, dict] = {}
     comfy_error = None
-    if {"flux", "sdxl"} & set(args.sections):
+    if {"flux", "sdxl", "wan"} & set(args.sections):
         try:
             info["comfyui"] = import_comfy(args)
         except RuntimeError as exc:
@@ -413,8 +437,10 @@ def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
             continue
         start = time.perf_counter()
         print(f"[run_all] {name} ...", flush=True)
-        if name in ("flux", "sdxl") and comfy_error:
+        if name in ("flux", "sdxl", "wan") and comfy_error:
             sections[name] = {"skipped": comfy_error}
+        elif name == "wan":
+            sections[name] = wan_section(args, preset)
         elif name == "core":
             sections[name] = core_section(args, preset)
         elif name == "tokens":

@@ -43,7 +43,7 @@ def test_run_all_smoke(tmp_path):
     skipped = sections["flux"].get("skipped")
     if skipped and "ComfyUI unavailable" in skipped:
         comfy_env.missing(skipped)
-    assert set(sections) == {"core", "flux", "sdxl", "tokens"}
+    assert set(sections) == {"core", "flux", "sdxl", "wan", "tokens"}
     assert not any("skipped" in s for s in sections.values()), sections
     for family in ("flux", "sdxl"):
         rows = {r["config"]: r for r in sections[family]["rows"]}
@@ -58,6 +58,9 @@ def test_run_all_smoke(tmp_path):
         assert rows["input +1% noise"]["ms"] is None and rows["input +1% noise"]["rel_error"] > 0
     assert {r["config"] for r in sections["sdxl"]["rows"]} >= {"ToMe 0.5", "ToMA-attn 0.5"}
     assert {r["config"] for r in sections["flux"]["rows"]} >= {"ideal 0.5"}
+    wan = {r["config"]: r for r in sections["wan"]["rows"]}
+    assert wan["unpatched"]["speedup"] == pytest.approx(1.0)
+    assert wan["ToMA 0.5"]["tokens"] < wan["unpatched"]["tokens"] and wan["ToMA 0.5"]["ms"] > 0
     assert any(r["piece"] == "make_plan" for r in sections["core"]["rows"])
     assert {r["method"] for r in sections["tokens"]["records"]} >= {"toma", "tome", "pool2x2"}
     md = (tmp_path / "results.md").read_text()

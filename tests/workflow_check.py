@@ -20,8 +20,10 @@ CORE_NODES = frozenset({
     "CheckpointLoaderSimple", "UNETLoader", "DualCLIPLoader", "CLIPLoader", "VAELoader", "LoraLoader",
     "LoraLoaderModelOnly", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "KSamplerAdvanced",
     "VAEDecode", "VAEEncode", "SaveImage", "PreviewImage", "LoadImage",
+    # built-in nodes of ComfyUI's comfy_extras (shipped with every ComfyUI), for video workflows
+    "ModelSamplingSD3", "EmptyHunyuanLatentVideo", "CreateVideo", "SaveVideo",
 })
-"""Core node types (ComfyUI's nodes.py) an example workflow may use."""
+"""Core node types (ComfyUI's nodes.py and its built-in comfy_extras) an example workflow may use."""
 
 
 def load_workflow(path: Path) -> dict[str, Any]:

@@ -79,6 +79,12 @@ FAMILIES: tuple[Family, ...] = (
         "Replaces the dit double/single blocks; video frames are tiled one by one. Text tokens, the text mask and reference-latent tokens pass through unmerged.",
         "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\" (first-frame modulation) runs unmerged. No tiles across frames yet.",
     ),
+    Family(
+        "wan", ("comfy.ldm.wan.model:WanModel",), "wan", "Wan",
+        "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE; S2V runs unmerged",
+        "Replaces the dit blocks (`blocks:5-39` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
+        "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
+    ),
 )
 
 REFUSED: tuple[Refusal, ...] = (

@@ -1,0 +1,175 @@
+"""Model-level speed of ToMA on a Wan-shaped video model built from ComfyUI's own classes (issue 12).
+
+    COMFYUI_PATH=~/comfy/ComfyUI OMP_NUM_THREADS=1 ~/comfy/venv/bin/python bench/bench_wan.py   # CPU
+    python bench/bench_wan.py --device cuda --dtype bf16 --real-size                           # GPU, Wan 14B
+
+Default (CPU): comfy.model_base.WAN21 (WanModel) with dim 512 (4 heads of 128, ffn 1384), 4 blocks,
+a 21 x 12 x 13 token grid (3,276 tokens) and 512 text tokens: Wan 2.1/2.2 14B at 832x480x81
+(dim 5120, 21 x 30 x 52 = 32,760 tokens) scaled by 1/10 in both width and tokens, so the share of
+attention in a block (tokens / width) is the 14B model's. --real-size: dim 5120, 40 heads,
+ffn 13824, 40 blocks, 21 x 30 x 52 tokens. Random weights.
+
+Every configuration is timed in the same process, round-robin (median ms per model call after
+warm-up): unpatched; ToMA at each ratio with every block merged and a plan built in every call
+(recompute_every=1); and the ideal, the unpatched model on a video of D tokens (same frames, fewer
+tokens per frame), what a merge with zero overhead would give. Target at ratio 0.5 on CPU:
+>= 2.0x and >= 90 % of the ideal's speed-up. --tile-frames compares frames per tile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import bench_common  # (puts tests/ and tests/integration/ on sys.path)
+from bench_common import DTYPES
+from bench_flux import ideal_grid, import_comfy
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+"""cpu: this process's CPU time, which other processes on a shared machine do not inflate (with one
+thread it is the call's compute time); wall: elapsed time (the only meaningful clock on a GPU)."""
+
+WAN_14B = {"dim": 5120, "heads": 40, "ffn": 13824, "depth": 40, "frames": 21, "height": 30, "width": 52}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bench_common.add_device_args(p)
+    p.add_argument("--real-size", action="store_true", help="Wan 14B at 832x480x81: dim 5120, 40 blocks, 21x30x52 tokens")
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=1384)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--frames", type=int, default=21, help="latent frames (81 video frames -> 21)")
+    p.add_argument("--height", type=int, default=12, help="tokens per frame column")
+    p.add_argument("--width", type=int, default=13, help="tokens per frame row")
+    p.add_argument("--text", type=int, default=512)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    p.add_argument("--tile-size", type=int, default=4)
+    p.add_argument("--tile-frames", type=int, nargs="+", default=None,
+                   help="frames per tile, one ToMA row each (default: the node's default)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--clock", choices=["auto", *CLOCKS], default="auto",
+                   help="auto: cpu time on the CPU with one thread, else wall time")
+    bench_common.add_kernel_args(p)
+    args = p.parse_args(argv)
+    if args.real_size:
+        w = WAN_14B
+        args.dim, args.heads, args.ffn, args.depth = w["dim"], w["heads"], w["ffn"], w["depth"]
+        args.frames, args.height, args.width = w["frames"], w["height"], w["width"]
+    return args
+
+
+def build_model(args: argparse.Namespace):
+    """A Wan-shaped comfy.model_base.WAN21 (T2V) with random weights, in a ModelPatcher on the device."""
+    import comfy.supported_models
+
+    config = {
+        "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "text_len": 512,
+        "in_dim": 16, "dim": args.dim, "ffn_dim": args.ffn, "freq_dim": 256, "text_dim": 4096, "out_dim": 16,
+        "num_heads": args.heads, "num_layers": args.depth, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6,
+    }
+    return bench_common.build_patcher(comfy.supported_models.WAN21_T2V, config, args)
+
+
+def make_call(patcher, args: argparse.Namespace, grid: tuple[int, int, int]):
+    """One model call as a sampler makes it, on a latent of grid (frames, h, w) tokens."""
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    gen = torch.Generator().manual_seed(0)
+    frames, h, w = grid
+    x = torch.randn((args.batch, 16, frames, 2 * h, 2 * w), generator=gen).to(device)
+    context = torch.randn((args.batch, args.text, 4096), generator=gen).to(device, dtype)
+    sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
+    return bench_common.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context)
+
+
+def patch(patcher, ratio: float, tile_frames: int, args: argparse.Namespace):
+    """ToMA on every block at `ratio` with tiles of `tile_frames` frames."""
+    from pack import pack_module
+
+    settings = pack_module("nodes.settings")
+    patching = pack_module("nodes.patching")
+    options = {"tile_frames": tile_frames} if "tile_frames" in settings.ToMASettings.__dataclass_fields__ else {}
+    if not options:
+        pack_module("nodes.families.wan").TILE_FRAMES = tile_frames
+    return patching.patch_model(patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", **options))
+
+
+def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) -> dict[str, float]:
+    """Median ms per call of each entry on --clock, timed round-robin so that load changes hit
+    every configuration alike."""
+    for fn in calls.values():
+        for _ in range(args.warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, fn in calls.items():
+            times[name].append(bench_common.timed_ms(fn, args, clock=CLOCKS[args.clock]))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def default_tile_frames() -> int:
+    from pack import pack_module
+
+    return pack_module("nodes.families.wan").TILE_FRAMES
+
+
+def kept_tokens(ratio: float, tile_frames: int, args: argparse.Namespace) -> int:
+    """D of a text-to-video call: frame 0 alone in spatial tiles, frames 1.. in tiles of
+    `tile_frames` frames (nodes/families/wan.py)."""
+    from pack import pack_module
+
+    grid = pack_module("toma_core").TileGrid
+    first = grid(args.height, args.width, args.tile_size, ratio).num_kept
+    rest = grid(args.height, args.width, args.tile_size, ratio, frames=args.frames - 1, tile_frames=tile_frames).num_kept
+    return first + rest if args.frames > 1 else first
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "auto":
+        args.clock = "cpu" if args.device == "cpu" and torch.get_num_threads() == 1 else "wall"
+    root = import_comfy(args)
+    if args.tile_frames is None:
+        args.tile_frames = [default_tile_frames()]
+    base = build_model(args)
+    per_frame = args.height * args.width
+    n = args.frames * per_frame
+    print(bench_common.run_header(root, args) + f"Wan dim {args.dim} ({args.heads} heads), ffn {args.ffn}, "
+          f"{args.depth} blocks, {args.frames}x{args.height}x{args.width} = {n} video tokens + {args.text} text, "
+          f"batch {args.batch}, tile {args.tile_size}, median {args.clock} time of {args.repeats} interleaved calls")
+    print(f"| config | tokens | ms/call | speed-up | ideal ms | ideal x | % of ideal |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for ratio in args.ratios:
+        d = {t: kept_tokens(ratio, t, args) for t in args.tile_frames}
+        ideal = ideal_grid(math.ceil(d[args.tile_frames[0]] / args.frames), (args.height, args.width))
+        calls = {"plain": make_call(base, args, (args.frames, args.height, args.width))}
+        calls |= {f"toma{t}": make_call(patch(base, ratio, t, args), args, (args.frames, args.height, args.width))
+                  for t in args.tile_frames}
+        calls["ideal"] = make_call(base, args, (args.frames, *ideal))
+        ms = median_ms(calls, args)
+        plain, best = ms["plain"], ms["ideal"]
+        print(f"| unpatched | {n} | {plain:.1f} | 1.00 | | | |")
+        print(f"| ideal {ratio:g} | {args.frames * ideal[0] * ideal[1]} | {best:.1f} | {plain / best:.2f} | | | |")
+        for t in args.tile_frames:
+            toma = ms[f"toma{t}"]
+            label = f"ToMA {ratio:g}" + (f", {t} frames/tile" if len(args.tile_frames) > 1 else "")
+            print(f"| {label} | {d[t]} | {toma:.1f} | {plain / toma:.2f} | {best:.1f} | {plain / best:.2f} | "
+                  f"{100 * (plain / toma) / (plain / best):.0f}% |")
+        if args.profile and ratio == args.ratios[0]:
+            bench_common.profile_call(calls[f"toma{args.tile_frames[0]}"], args, row_limit=18)
+
+
+if __name__ == "__main__":
+    main()

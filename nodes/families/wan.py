@@ -1,0 +1,208 @@
+"""ToMA for Wan 2.1 / 2.2 video models (issue 12): T2V and I2V (1.3B, 14B), Wan 2.2 A14B (each
+expert is its own MODEL: patch both), Wan 2.2-5B TI2V, Fun reference frames, Phantom, VACE.
+
+Each selected `WanAttentionBlock` gets a `patches_replace["dit"][("double_block", i)]` entry
+(args img (B, N, C), txt (B, T, C), vec (B, 1|F, 6, C) or (B, 6, C), pe (1, N, 1, hd/2, 2, 2)).
+Text is cross-attention only and never merged. For a merged call:
+
+    x_m = plan.merge(img)                                    (B, D, C)
+    out = block(img=x_m, pe=pe rows of the destinations, vec per frame or per merged token)
+    y = plan.unmerge_residual(img, x_m, out)                 (B, N, C) = x + U(block(Mx) - Mx)
+
+Tokens are t-major (frame, row, column). Tiles span `tile_frames` frames and tile_size x
+tile_size tokens, inside frame segments that never merge with each other (toma_core.video):
+- frame 0 always stands alone: Wan's causal VAE encodes it from the first picture alone, I2V
+  conditions it, and Wan 2.2-5B runs it at timestep 0 under a noise mask;
+- frames of different per-frame timesteps (5B noise masks) are separate segments;
+- Fun reference frames (prepended) and Phantom frames (appended) pass through with their pe rows.
+
+Wan 2.2-5B modulates per frame: vec (B, F, 6, C), expanded per frame inside the block by
+`repeat_e`, which assumes frame-major tokens with an equal count per frame. With spatial tiles
+(tile_frames 1) the merged tokens are exactly that and vec passes unchanged; otherwise each merged
+token gets its destination frame's row, vec (B, D, 6, C), which the block uses as is.
+
+Variants: VACE's vace blocks run outside the block keys at full N and stay unmerged (the main
+blocks merge). S2V blocks get no transformer_options and a per-segment modulation: its calls run
+unmerged and the run's log line says so. Camera, HuMo, Animate and unknown subclasses are refused
+with their class name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...toma_core.video import Segment, SegmentPlan, frame_runs, make_video_plan
+from ..runtime import CallContext, CallGeometry
+from ..settings import ToMASettings
+from .dit_blocks import DitBlocks, parse_dit_blocks
+from .geometry import text_length
+from .hooks import block_context, install_dit_hooks
+from .merge import features
+
+log = logging.getLogger(__name__)
+
+PLAN_SLOT = "wan"
+TILE_FRAMES = 2
+"""Frames a tile spans (issue 12). bench/video_fidelity.py (camera pans over photographs, ratio 0.5):
+2 frames merge with a lower attention error than 1 at every pan speed, 3-4 gain little more and
+lose at fast pans with ratio 0.75; bench/bench_wan.py: 1 and 2 run at the same speed."""
+
+Block = Callable[[dict], dict]
+S2V_REASON = "Wan S2V (WanModel_S2V): blocks get no transformer_options and a per-segment modulation"
+
+
+@dataclass(frozen=True)
+class VideoGeometry(CallGeometry):
+    """CallGeometry of a Wan call: `frames` video frames of height x width tokens (N = tokens), plus
+    pass-through frames before (Fun reference) and after (Phantom); `segments` in token order."""
+
+    segments: tuple[Segment, ...] = ()
+
+    @property
+    def all_frames(self) -> int:
+        return sum(s.frames for s in self.segments)
+
+
+@dataclass(frozen=True)
+class WanAdapter:
+    """The runtime's view of a patched Wan model (see runtime.FamilyAdapter)."""
+
+    family: str
+    blocks: str
+    num_blocks: int
+    patch_size: tuple[int, int, int]
+    variant: str
+    has_ref_conv: bool
+    tile_frames: int
+
+    def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> VideoGeometry:
+        """Token layout from x (B, C, F, H, W), the extra conds reference_latent (B, C, H, W),
+        time_dim_concat (B, C, F', H, W) and denoise_mask (B|1, 1, F, H, W)."""
+        text_len = text_length(context)
+        if x.ndim != 5:
+            return VideoGeometry(1, 1, text_len, reason=f"latent of shape {tuple(x.shape)} is not (B, C, F, H, W)")
+        pt, ph, pw = self.patch_size
+        frames, height, width = (math.ceil(x.shape[2 + i] / p) for i, p in enumerate((pt, ph, pw)))
+        if self.variant == "s2v":
+            return VideoGeometry(height, width, text_len, reason=S2V_REASON, frames=frames)
+        runs, why = _frame_runs(kwargs.get("denoise_mask"), frames)
+        segments = [Segment(n, tile_frames=self.tile_frames) for _, n in runs]
+        if self.has_ref_conv and kwargs.get("reference_latent") is not None:
+            segments.insert(0, Segment(1, merge=False))
+        extra = kwargs.get("time_dim_concat")
+        if torch.is_tensor(extra) and extra.ndim == 5:
+            segments.append(Segment(math.ceil(extra.shape[2] / pt), merge=False))
+        passing = sum(s.frames for s in segments if not s.merge) * height * width
+        return VideoGeometry(height, width, text_len, passing, why, frames=frames, segments=tuple(segments))
+
+
+def _frame_runs(mask: Any, frames: int) -> tuple[list[tuple[int, int]], str | None]:
+    """Runs of frames with equal noise-mask means (Wan 2.2-5B's per-frame timesteps), frame 0 alone."""
+    if not torch.is_tensor(mask) or mask.ndim != 5:
+        return frame_runs([[0.0] * frames]), None
+    if mask.shape[2] != frames:
+        return [(0, frames)], f"noise mask of {mask.shape[2]} frames for {frames} latent frames"
+    return frame_runs(mask.float().mean(dim=(1, 3, 4)).tolist()), None
+
+
+def _variant(diffusion_model) -> str:
+    """"wan", "vace" or "s2v"; ValueError naming any other class (Camera, HuMo, Animate, ...)."""
+    import comfy.ldm.wan.model as wan
+
+    variants = {wan.WanModel: "wan", wan.VaceWanModel: "vace", wan.WanModel_S2V: "s2v"}
+    cls = type(diffusion_model)
+    if cls not in variants:
+        raise ValueError(
+            f"ToMA does not support the Wan model class {cls.__module__}.{cls.__qualname__}; supported: "
+            "WanModel (Wan 2.1/2.2 T2V, I2V, TI2V 5B, Fun, Phantom), VaceWanModel, WanModel_S2V (runs unmerged)"
+        )
+    return variants[cls]
+
+
+def apply(model, settings: ToMASettings) -> WanAdapter:
+    """Install the block hooks on `model` (a ModelPatcher clone); return the runtime adapter.
+
+    Earlier ToMA hooks are replaced; another pack's replacement on the same key stays outermost.
+    """
+    if settings.scope != "block":
+        raise ValueError(f"scope={settings.scope!r} is not available for Wan models; use 'block'")
+    if settings.proportional_attention:
+        raise ValueError("proportional_attention is not available for Wan models (their attention takes no mask)")
+    dm = model.get_model_object("diffusion_model")
+    variant = _variant(dm)
+    chosen = parse_dit_blocks(settings.blocks, {"blocks": len(dm.blocks)})
+    # ComfyUI's key for Wan blocks is ("double_block", i); users name them blocks:5-39 (issue 12)
+    install_dit_hooks(model, {"double": len(dm.blocks)}, DitBlocks((("double", chosen.blocks),)), {"double": merged_block})
+    blocks = chosen.describe()
+    if variant == "vace":
+        blocks += " (VACE blocks unmerged)"
+        log.info("ToMA [wan]: VACE blocks run outside the block keys at full token count and stay unmerged")
+    tile_frames = getattr(settings, "tile_frames", TILE_FRAMES)
+    return WanAdapter(
+        "wan", blocks, chosen.count, tuple(dm.patch_size), variant, getattr(dm, "ref_conv", None) is not None, tile_frames,
+    )
+
+
+def merged_block(args: dict, extra: dict, block: Block) -> dict:
+    """Run a Wan block on merged image tokens and unmerge its change (see the module docstring)."""
+    ctx = block_context(args, extra)
+    if ctx is None or not ctx.merge:
+        return block(args)
+    g: VideoGeometry = ctx.geometry
+    img = args["img"]
+    if "transformer_options" not in args:
+        ctx.record_block(False, "block args without transformer_options")
+        return block(args)
+    if img.shape[1] != g.all_frames * g.height * g.width:
+        ctx.record_block(False, "image tokens differ from the latent grid")
+        return block(args)
+    plan = _plan(ctx, img)
+    if not plan.merges:
+        return block(args)
+    vec, why = merged_vec(args["vec"], plan, g)
+    if why:
+        ctx.record_block(False, why)
+        return block(args)
+    x_m = plan.merge(img)
+    out = block(dict(args, img=x_m, vec=vec, pe=plan.take(args["pe"], 1)))
+    ctx.record_block(True)
+    return dict(out, img=plan.unmerge_residual(img, x_m, out["img"]))
+
+
+def _plan(ctx: CallContext, img: torch.Tensor) -> SegmentPlan:
+    """This call's plan, built by its first merged block from a parameter-free LayerNorm of img
+    (B, N, C) in fp32 and shared by the others; keyed by the frame segments and the frame grid."""
+    g: VideoGeometry = ctx.geometry
+    key = ((PLAN_SLOT, g.segments), g.height, g.width)
+    plan = ctx.plans.get(key)
+    if plan is None:
+        s = ctx.settings
+        plan = make_video_plan(
+            features(img), list(g.segments), g.height, g.width, s.ratio, s.tile_size,
+            similarity=s.similarity, temperature=s.temperature, budget=s.budget,
+        )
+        ctx.plans[key] = plan
+    return plan
+
+
+def merged_vec(vec: torch.Tensor, plan: SegmentPlan, g: VideoGeometry) -> tuple[torch.Tensor | None, str | None]:
+    """The block's modulation for the merged tokens: vec (B, 6, C) or (B, 1, 6, C) unchanged
+    (per sample); a per-frame vec (B, F, 6, C) unchanged when the merged tokens are frame-major
+    with equal counts per frame, else (B, D, 6, C) with each merged token's destination frame.
+    (None, reason) when vec's frames are not the call's frames."""
+    if vec.ndim != 4 or vec.shape[1] == 1:
+        return vec, None
+    counts = plan.frame_counts
+    if counts is not None and len(counts) == vec.shape[1] and len(set(counts)) == 1:
+        return vec, None
+    if vec.shape[1] != g.all_frames:
+        return None, f"per-frame vec of {vec.shape[1]} frames for {g.all_frames} token frames"
+    frame = plan.frame_of_kept(g.height * g.width).to(vec.device)
+    index = frame.view(*frame.shape, 1, 1).expand(-1, -1, *vec.shape[2:])
+    return vec.expand(plan.batch, *vec.shape[1:]).gather(1, index), None

@@ -1,0 +1,290 @@
+"""ToMA on Wan 2.1 / 2.2 video models in real ComfyUI (issue 12): tiny random-weight Wan models of
+ComfyUI's own classes (tiny_wan.py), sampled through `comfy.sample.sample` on the CPU.
+
+Token counts are measured: an `optimized_attention_override` records every attention call
+(self-attention: query and key over the image tokens; cross-attention: keys over the text). Plans
+are read from inside the block (an object patch on a block's forward finds the call's context),
+so frame-segment rules are checked on the plans the run really used.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import compat_support  # noqa: E402
+from compat_support import RUNTIME_LOGGER, rel  # noqa: E402
+
+LATENT = (1, 16, 5, 12, 16)
+"""(B, C, F, H, W): a 5 x 6 x 8 token grid (240 tokens per call and sample)."""
+
+
+@pytest.fixture(scope="module")
+def wan(comfy: Any) -> Any:
+    import tiny_wan
+
+    return tiny_wan
+
+
+@pytest.fixture(scope="module")
+def t2v(wan: Any) -> Any:
+    return wan.build_wan("t2v")
+
+
+def patch(toma: Any, model: Any, **kwargs: Any) -> Any:
+    """ToMA at ratio 0.5 from the first step, every block unless `blocks` says otherwise."""
+    kwargs.setdefault("blocks", "all")
+    return compat_support.patch(toma, model, kwargs.pop("ratio", 0.5), **kwargs)
+
+
+def latent_of(wan: Any, model: Any, shape: tuple[int, ...] = LATENT) -> tuple[int, ...]:
+    return (shape[0], wan.latent_channels(model), *shape[2:])
+
+
+def run(wan: Any, tiny: Any, model: Any, shape: tuple[int, ...] = LATENT, steps: int = 2, seed: int = 0, **kwargs: Any) -> torch.Tensor:
+    """Sample `model` (cfg 2: cond and uncond batched) with fixed conditioning."""
+    latent = latent_of(wan, model, shape)
+    kwargs.setdefault("positive", wan.conditioning(model, 1, latent))
+    kwargs.setdefault("negative", wan.conditioning(model, 2, latent))
+    return tiny.sample(model, latent, seed=seed, steps=steps, **kwargs)
+
+
+def self_attention_lengths(calls: list, text_len: int) -> list[int]:
+    """Query lengths of the self-attention calls (keys as long as queries, not the text)."""
+    return [q for _, q, k in calls if q == k and k != text_len]
+
+
+def adapter_tile_frames() -> int:
+    from pack import pack_module
+
+    return pack_module("nodes.families.wan").TILE_FRAMES
+
+
+def set_tile_frames(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
+    from pack import pack_module
+
+    monkeypatch.setattr(pack_module("nodes.families.wan"), "TILE_FRAMES", frames)
+
+
+def kept_tokens(toma: Any, frames: int, height: int, width: int, ratio: float = 0.5, tile: int = 4) -> int:
+    """D of a video whose frame 0 (spatial tiles) and frames 1.. (tiles of the adapter's
+    tile_frames) are separate segments."""
+    grid = toma.core.TileGrid
+    first = grid(height, width, tile, ratio).num_kept
+    if frames == 1:
+        return first
+    return first + grid(height, width, tile, ratio, frames=frames - 1, tile_frames=adapter_tile_frames()).num_kept
+
+
+def record_plans(model: Any, block: int = 0) -> tuple[Any, list]:
+    """A clone whose block `block` appends (plan, x, e, freqs) of every merged run to the list."""
+    import comfy.ldm.wan.model
+
+    found: list = []
+    settings_key = "comfyui_toma_call"
+    clone = model.clone()
+    module = clone.get_model_object(f"diffusion_model.blocks.{block}")
+
+    def forward(x, e, freqs, context, context_img_len=257, transformer_options={}):
+        ctx = transformer_options.get(settings_key)
+        if ctx is not None and ctx.plans:
+            found.append((next(iter(ctx.plans.values())), x, e, freqs))
+        return comfy.ldm.wan.model.WanAttentionBlock.forward(module, x, e, freqs, context, context_img_len, transformer_options)
+
+    clone.add_object_patch(f"diffusion_model.blocks.{block}.forward", forward)
+    return clone, found
+
+
+@pytest.mark.parametrize("kind", ["t2v", "i2v", "ti2v"])
+def test_ratio_zero_is_bit_identical(wan: Any, tiny: Any, toma: Any, kind: str) -> None:
+    model = wan.build_wan(kind)
+    mask = {"noise_mask": wan.first_frame_mask(latent_of(wan, model))} if kind == "ti2v" else {}
+    plain = run(wan, tiny, model, **mask)
+    assert plain.abs().sum() > 0
+    assert torch.equal(run(wan, tiny, patch(toma, model, ratio=0.0, blocks="all"), **mask), plain)
+
+
+def test_self_attention_runs_on_merged_tokens_and_text_is_never_merged(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    plain, plain_calls = compat_support.record_attention(t2v)
+    run(wan, tiny, plain)
+    merged, calls = compat_support.record_attention(patch(toma, t2v, blocks="blocks:1-2"))
+    out = run(wan, tiny, merged)
+    n = 5 * 6 * 8
+    d = kept_tokens(toma, 5, 6, 8)
+    assert self_attention_lengths(plain_calls, wan.TEXT_LEN) == [n] * 3 * 2
+    # per step: block 0 unmerged, blocks 1 and 2 on D tokens
+    assert self_attention_lengths(calls, wan.TEXT_LEN) == [n, d, d] * 2
+    assert d < n
+    cross = [(q, k) for _, q, k in calls if k == wan.TEXT_LEN]
+    assert cross == [(n, wan.TEXT_LEN), (d, wan.TEXT_LEN), (d, wan.TEXT_LEN)] * 2
+    assert torch.isfinite(out).all() and rel(out, run(wan, tiny, t2v)) > 1e-3
+
+
+def test_blocks_auto_all_and_list(wan: Any, toma: Any, t2v: Any) -> None:
+    deep = wan.build_wan("t2v", num_layers=40)
+    assert toma.patching.detect_family(deep).name == "wan"
+    for spec, expected in (("auto", "blocks:5-39"), ("all", "blocks:0-39"), ("blocks:5-9,20", "blocks:5-9,20")):
+        patched = patch(toma, deep, blocks=spec)
+        config = patched.model_options["transformer_options"]["comfyui_toma"].config
+        assert config.adapter.blocks == expected
+    dit = patch(toma, deep, blocks="blocks:3").model_options["transformer_options"]["patches_replace"]["dit"]
+    assert list(dit) == [("double_block", 3)]
+    with pytest.raises(ValueError, match="0-39"):
+        patch(toma, deep, blocks="blocks:40")
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 1, 12, 16), (1, 16, 3, 7, 9), (1, 16, 4, 10, 6), (2, 16, 6, 5, 11)])
+def test_odd_frame_counts_and_sizes(wan: Any, tiny: Any, toma: Any, t2v: Any, shape: tuple[int, ...]) -> None:
+    merged, calls = compat_support.record_attention(patch(toma, t2v))
+    out = run(wan, tiny, merged, shape=shape)
+    frames, height, width = shape[2], -(-shape[3] // 2), -(-shape[4] // 2)
+    d = kept_tokens(toma, frames, height, width)
+    assert out.shape == latent_of(wan, t2v, shape) and torch.isfinite(out).all()
+    assert set(self_attention_lengths(calls, wan.TEXT_LEN)) == {d}
+
+
+def test_batch_and_cfg_get_per_sample_plans(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    """A batch of two equals two single runs after one step, judged against ToMA's own effect
+    (a plan shared by the samples would be most of that effect)."""
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn((2, *LATENT[1:]), generator=gen)
+    patched = patch(toma, t2v)
+    cond = {"positive": wan.conditioning(t2v, 1), "negative": wan.conditioning(t2v, 2)}
+    batch = compat_support.sample_with_noise(tiny, patched, noise, steps=1, **dict(cond))
+    singles = torch.cat([compat_support.sample_with_noise(tiny, patched, noise[i:i + 1], steps=1, **dict(cond)) for i in range(2)])
+    plain = compat_support.sample_with_noise(tiny, t2v, noise, steps=1, **dict(cond))
+    effect = rel(batch, plain)
+    assert effect > 1e-3
+    assert rel(batch, singles) < 1e-4 * effect + 1e-6
+    recorder, found = record_plans(patched)
+    compat_support.sample_with_noise(tiny, recorder, noise, steps=1, **dict(cond))
+    plan = found[0][0]
+    assert plan.batch == 4  # two latents x (cond, uncond)
+    # cond and uncond of one latent share block 0's input; the two latents differ
+    assert not torch.equal(plan.dst_index[0], plan.dst_index[1])
+
+
+def frame_zero_is_pure(plan: Any, frames: int, per_frame: int, first: int = 0) -> bool:
+    """Merging an indicator of frame `first` gives 0 or 1 in every merged token: no merged token
+    mixes that frame with another."""
+    indicator = torch.zeros(plan.batch, frames * per_frame, 1)
+    indicator[:, first * per_frame:(first + 1) * per_frame] = 1.0
+    merged = plan.merge(indicator)
+    return bool(((merged - merged.round()).abs() < 1e-5).all()) and bool((merged > 0.5).any())
+
+
+@pytest.fixture(params=[1, 3], ids=["tile_frames1", "tile_frames3"])
+def tile_frames(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Frames per tile of the Wan adapter for this test."""
+    set_tile_frames(monkeypatch, request.param)
+    return request.param
+
+
+def test_i2v_frame_zero_never_merges_with_noisy_frames(wan: Any, tiny: Any, toma: Any, tile_frames: int) -> None:
+    model = wan.build_wan("i2v")
+    recorder, found = record_plans(patch(toma, model))
+    run(wan, tiny, recorder)
+    assert found
+    for plan, x, _, _ in found:
+        assert x.shape[1] == plan.num_kept < plan.num_tokens
+        assert frame_zero_is_pure(plan, 5, 48)
+        assert (plan.frame_counts is None) == (tile_frames > 1)
+
+
+def test_ti2v_per_frame_modulation_is_exact(wan: Any, tiny: Any, toma: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wan 2.2-5B under a first-frame noise mask: vec is per frame (B, F, 6, C); with spatial
+    tiles the merged tokens are frame-major with equal counts, so the block's own per-frame
+    expansion gives the same output as an explicit per-merged-token vec (B, D, 6, C), bit for bit."""
+    import comfy.ldm.wan.model
+
+    set_tile_frames(monkeypatch, 1)
+    model = wan.build_wan("ti2v")
+    latent = latent_of(wan, model)
+    recorder, found = record_plans(patch(toma, model))
+    run(wan, tiny, recorder, noise_mask=wan.first_frame_mask(latent))
+    assert found
+    for plan, x, e, freqs in found:
+        assert e.ndim == 4 and e.shape[1] == 5 and frame_zero_is_pure(plan, 5, 48)
+        frame = plan.frame_of_kept(48)
+        per_token = e.gather(1, frame.view(*frame.shape, 1, 1).expand(-1, -1, *e.shape[2:]))
+        block = recorder.get_model_object("diffusion_model.blocks.0")
+        context = torch.randn(x.shape[0], wan.TEXT_LEN, 64, generator=torch.Generator().manual_seed(3))
+        args = {"freqs": freqs, "context": context}
+        cls = comfy.ldm.wan.model.WanAttentionBlock
+        assert torch.equal(cls.forward(block, x, e, **args), cls.forward(block, x, per_token, **args))
+
+
+@pytest.mark.parametrize("options", [{"budget": "adaptive"}, {"tile_frames": 2}])
+def test_ti2v_unequal_frame_counts_get_a_per_token_vec(wan: Any, tiny: Any, toma: Any, options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-sample budgets or tiles across frames: each merged token gets its destination frame's
+    modulation row, and frame 0 (timestep 0) still never merges with the noisy frames."""
+    options = dict(options)
+    set_tile_frames(monkeypatch, options.pop("tile_frames", 1))
+    model = wan.build_wan("ti2v")
+    recorder, found = record_plans(patch(toma, model, **options))
+    out = run(wan, tiny, recorder, noise_mask=wan.first_frame_mask(latent_of(wan, model)))
+    assert found and torch.isfinite(out).all()
+    for plan, x, e, _ in found:
+        assert plan.frame_counts is None and frame_zero_is_pure(plan, 5, 48)
+        assert e.shape[:2] == (x.shape[0], plan.num_kept)
+
+
+def test_fun_reference_frame_passes_through(wan: Any, tiny: Any, toma: Any) -> None:
+    model = wan.build_wan("fun_ref")
+    ref = torch.randn((1, 16, 1, 12, 16), generator=torch.Generator().manual_seed(5))
+    latent = latent_of(wan, model)
+    cond = wan.conditioning(model, 1, latent, reference_latents=[ref])
+    recorder, found = record_plans(patch(toma, model))
+    out = run(wan, tiny, recorder, positive=cond, negative=wan.conditioning(model, 2, latent, reference_latents=[ref]))
+    assert found and torch.isfinite(out).all()
+    plan, x, _, _ = found[0]
+    assert plan.num_tokens == 6 * 48
+    assert torch.equal(plan.dst_index[:, :48], torch.arange(48).expand(plan.batch, -1))
+    assert x.shape[1] == 48 + kept_tokens(toma, 5, 6, 8)
+
+
+def test_phantom_frames_pass_through(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    extra = torch.randn((1, 16, 2, 12, 16), generator=torch.Generator().manual_seed(6))
+    cond = wan.conditioning(t2v, 1, time_dim_concat=extra)
+    recorder, found = record_plans(patch(toma, t2v))
+    out = run(wan, tiny, recorder, positive=cond, negative=wan.conditioning(t2v, 2, time_dim_concat=extra))
+    assert found and out.shape == latent_of(wan, t2v) and torch.isfinite(out).all()
+    plan = found[0][0]
+    assert plan.num_tokens == 7 * 48
+    assert torch.equal(plan.dst_index[:, -96:], torch.arange(5 * 48, 7 * 48).expand(plan.batch, -1))
+
+
+def test_vace_blocks_stay_unmerged(wan: Any, tiny: Any, toma: Any) -> None:
+    model = wan.build_wan("vace")
+    merged, calls = compat_support.record_attention(patch(toma, model))
+    out = run(wan, tiny, merged, steps=1)
+    lengths = self_attention_lengths(calls, wan.TEXT_LEN)
+    d = kept_tokens(toma, 5, 6, 8)
+    # 3 main blocks merged, a vace block after each at full N
+    assert sorted(lengths) == [d, d, d, 240, 240, 240] and torch.isfinite(out).all()
+    assert "VACE" in merged.model_options["transformer_options"]["comfyui_toma"].config.adapter.blocks
+
+
+def test_s2v_runs_unmerged_and_says_so(wan: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    model = wan.build_wan("s2v")
+    plain = run(wan, tiny, model, steps=1)
+    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+        out = run(wan, tiny, patch(toma, model), steps=1)
+    assert torch.equal(out, plain)
+    assert any("S2V" in r.getMessage() and "unmerged" in r.getMessage() for r in caplog.records)
+
+
+def test_other_wan_variants_are_refused_with_their_class(wan: Any, toma: Any) -> None:
+    with pytest.raises(ValueError, match="CameraWanModel"):
+        patch(toma, wan.build_wan("camera"))
+
+
+def test_unsupported_settings_are_refused(toma: Any, t2v: Any) -> None:
+    with pytest.raises(ValueError, match="scope"):
+        patch(toma, t2v, scope="attention")
+    with pytest.raises(ValueError, match="proportional_attention"):
+        patch(toma, t2v, proportional_attention=True)
