@@ -119,3 +119,15 @@ def test_make_plan_refuses_bad_frame_counts():
         make_plan(features(1, 1), H, W, 0.5, 4, frames=0)
     with pytest.raises(ValueError, match="tile_frames=0"):
         make_plan(features(1, 2), H, W, 0.5, 4, frames=2, tile_frames=0)
+
+
+def test_unmerge_mode_reaches_every_merged_segment():
+    frames = 3
+    x = features(1, frames)
+    segments = [Segment(1), Segment(frames - 1, tile_frames=2)]
+    delta = make_video_plan(x, segments, H, W, 0.5, 4)
+    output = make_video_plan(x, segments, H, W, 0.5, 4, unmerge="output")
+    merged = output.merge(x)
+    # "output" replaces each token by its destinations' output: no token keeps its own detail
+    assert torch.allclose(output.unmerge_residual(x, merged, merged), output.unmerge(merged))
+    assert not torch.allclose(delta.unmerge_residual(x, merged, merged), output.unmerge(merged))

@@ -140,13 +140,14 @@ def make_video_plan(
     similarity: str = "cosine",
     temperature: float = 1e-3,
     budget: str = "tile",
+    unmerge: str = "delta",
 ) -> SegmentPlan:
     """A plan over the frames of `segments`, in order.
 
     features: (B, N, C) with N = sum(segment frames) * height * width, t-major. Merging segments
     get t x s x s tiles (t = min(tile_frames, frames), s = tile_size) and make_plan's destinations;
-    pass-through segments keep every token. ratio, tile_size, similarity, temperature and budget
-    as in make_plan.
+    pass-through segments keep every token. ratio, tile_size, similarity, temperature, budget and
+    unmerge as in make_plan.
     """
     per_frame = height * width
     total = sum(s.frames for s in segments) * per_frame
@@ -161,19 +162,19 @@ def make_video_plan(
     for segment in segments:
         chunk = features[:, start:start + segment.frames * per_frame]
         start += segment.frames * per_frame
-        part = _segment_plan(chunk, segment, height, width, ratio, tile_size, similarity, temperature, budget)
+        part = _segment_plan(chunk, segment, height, width, ratio, tile_size, similarity, temperature, budget, unmerge)
         parts.append(part)
         counts = _frame_counts(counts, part, segment, per_frame, budget)
     return SegmentPlan(parts, counts)
 
 
 def _segment_plan(features: torch.Tensor, segment: Segment, height: int, width: int, ratio: float,
-                  tile_size: int, similarity: str, temperature: float, budget: str) -> MergePlan:
+                  tile_size: int, similarity: str, temperature: float, budget: str, unmerge: str) -> MergePlan:
     if not segment.merge:
         return MergePlan(features.shape[0], features.shape[1], features.device)
     return make_plan(
         features, height, width, ratio, tile_size, similarity=similarity, temperature=temperature,
-        budget=budget, frames=segment.frames, tile_frames=segment.tile_frames,
+        budget=budget, unmerge=unmerge, frames=segment.frames, tile_frames=segment.tile_frames,
     )
 
 

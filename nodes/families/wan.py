@@ -185,7 +185,7 @@ def _plan(ctx: CallContext, img: torch.Tensor) -> SegmentPlan:
         s = ctx.settings
         plan = make_video_plan(
             features(img), list(g.segments), g.height, g.width, s.ratio, s.tile_size,
-            similarity=s.similarity, temperature=s.temperature, budget=s.budget,
+            similarity=s.similarity, temperature=s.temperature, budget=s.budget, unmerge=s.unmerge,
         )
         ctx.plans[key] = plan
     return plan

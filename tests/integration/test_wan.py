@@ -288,3 +288,12 @@ def test_unsupported_settings_are_refused(toma: Any, t2v: Any) -> None:
         patch(toma, t2v, scope="attention")
     with pytest.raises(ValueError, match="proportional_attention"):
         patch(toma, t2v, proportional_attention=True)
+
+
+def test_unmerge_setting_reaches_the_wan_plan(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    recorder, found = record_plans(patch(toma, t2v, unmerge="output"))
+    run(wan, tiny, recorder, steps=1)
+    plan = found[0][0]
+    x = torch.randn(plan.batch, plan.num_tokens, 4, generator=torch.Generator().manual_seed(7))
+    merged = plan.merge(x)
+    assert torch.allclose(plan.unmerge_residual(x, merged, merged), plan.unmerge(merged))
