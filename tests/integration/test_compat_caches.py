@@ -2,15 +2,13 @@
 
 Real ComfyUI nodes: EasyCache and LazyCache (comfy_extras/nodes_easycache.py) in both node orders,
 on tiny Flux and tiny SDXL. The real third-party packs (TeaCache, MagCache, WaveSpeed FBCache,
-ComfyUI-GGUF, KJNodes' compile nodes) run in test_compat_real_packs.py (issue 13), which replaced
-the stand-ins of their calling conventions that were here. Stand-ins remain only for packs whose
-code cannot run here (no pack code is copied):
+ComfyUI-GGUF, KJNodes' compile nodes, PuLID-Flux-ll's patch path) run in test_compat_real_packs.py
+(issue 13), which replaced the stand-ins of their calling conventions that were here. A stand-in
+remains only for a pack whose code cannot run here (no pack code is copied):
 
 - ``ForeignLoop("ignores_replacements")``: balazik PuLID-Flux, or any loop that never consults
   ``patches_replace`` (that pack is not among ../shared/third_party, and its loop needs its face
   models): ToMA's hooks never run, which must be reported, not silent.
-- ``PulidLike``: a PuLID-Flux-ll-style callable already registered on a dit key (with ``.add``);
-  see test_compat_real_packs.py for why the real PuLID-ll is not run.
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from compat_support import (  # noqa: E402
-    FLUX_TEXT,
     RUNTIME_LOGGER,
     Toma,
     merged_block_runs,
-    record_attention,
     rel,
     run_lines,
     warnings_of,
@@ -242,58 +238,3 @@ def test_not_a_native_flux_module_is_refused(tiny_flux: Any, toma: Toma) -> None
         toma.patch(other)
     with pytest.raises(ValueError, match=r"FluxLookingWrapper"):
         toma.nodes.ToMAPatch.execute(other, 0.5, 4, 0.0, 1.0, 1, 1)
-
-
-# --- a replacement already on the same dit key (PuLID-Flux-ll, SLG) --------------------------
-
-
-class PulidLike:
-    """PuLID-Flux-ll's convention: a callable class registered on a dit key, extendable with
-    ``.add(fn)``; it runs ``original_block`` and then adds its own term to the image tokens,
-    using an N-token mask (as PuLID's face mask does), so it needs all N image tokens."""
-
-    def __init__(self, group: str, text_len: int, strength: float = 0.5) -> None:
-        self.group, self.text_len, self.strength = group, text_len, strength
-        self.extra_terms: list[Any] = []
-        self.seen: list[int] = []
-
-    def add(self, fn: Any) -> None:
-        self.extra_terms.append(fn)
-
-    def __deepcopy__(self, memo: dict) -> PulidLike:
-        return self  # clones share this object, so the test reads one record of what it saw
-
-    def __call__(self, args: dict, extra: dict) -> dict:
-        out = extra["original_block"](args)
-        img = out["img"]
-        start = 0 if self.group == "double" else self.text_len
-        n = 64  # the tiny test latent's 8x8 grid
-        self.seen.append(img.shape[1] - start)
-        mask = torch.linspace(0, 1, n, dtype=img.dtype).view(1, n, 1)  # raises if tokens are not N
-        term = self.strength * mask * img[:, start:start + n].mean(dim=1, keepdim=True)
-        for fn in self.extra_terms:
-            term = term + fn(img[:, start:start + n])
-        img = torch.cat([img[:, :start], img[:, start:start + n] + term, img[:, start + n:]], dim=1)
-        return dict(out, img=img)
-
-
-def test_existing_replacement_on_the_key_stays_outermost(tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
-    """PuLID-ll -> ToMA: PuLID keeps working on N tokens; ToMA merges only around the real block;
-    re-applying ToMA keeps PuLID; PuLID's ``.add`` on its own object still works."""
-    pulid_double, pulid_single = PulidLike("double", FLUX_TEXT), PulidLike("single", FLUX_TEXT)
-    other = tiny_flux.clone()
-    other.set_model_patch_replace(pulid_double, "dit", "double_block", 0)
-    other.set_model_patch_replace(pulid_single, "dit", "single_block", 1)
-    pulid_double.add(lambda img: 0.1 * img)
-
-    merged, calls = record_attention(toma.patch(other))
-    out = tiny.sample(merged, FLUX_LATENT, steps=2)
-    assert set(pulid_double.seen) == set(pulid_single.seen) == {64}  # PuLID saw all N image tokens
-    assert {length for _, length, _ in calls} == {FLUX_TEXT + 32}  # every block merged inside PuLID
-    assert merged_block_runs(run_lines(logs)[-1]) == 2 * FLUX_BLOCKS
-    assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=2)) > 1e-3  # PuLID still acts
-    assert rel(out, tiny.sample(other, FLUX_LATENT, steps=2)) > 1e-3  # ToMA still acts
-    again = toma.patch(toma.patch(other, ratio=0.25))
-    assert torch.equal(tiny.sample(again, FLUX_LATENT, steps=2), out)
-    dit = again.model_options["transformer_options"]["patches_replace"]["dit"]
-    assert dit[("double_block", 0)].toma_foreign is pulid_double

@@ -17,14 +17,17 @@ own effect is visible: skipped steps, cache hits, a compiled graph, a quantized 
   ``...V2`` (ComfyUI's compile wrapper), with a counting Dynamo backend instead of inductor
   (compiling with inductor takes minutes on CPU; the graphs Dynamo hands over are the same).
 
-PuLID-Flux-ll stays a stand-in (``PulidLike`` in test_compat_caches.py): its module imports
-insightface, OpenCV and facexlib at import time and its patch path needs a face-analysis model
-and EVA-CLIP weights, none of which this CPU test machine has or may download.
+- PuLID-Flux-ll: its ``ApplyPulidFlux`` node, block replacements, forward loop and wrappers run for
+  real on a tiny Flux with its 19 double + 38 single blocks; only the face pipeline is stubbed
+  (insightface, OpenCV, facexlib, EVA-CLIP and the ID encoder: not installed here, and their
+  models may not be downloaded), with the pack's own ``PerceiverAttentionCA`` sized for the tiny
+  model. Placed after ToMA it fails in its own code (recorded as an expected failure).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +224,156 @@ def test_gguf_q8_0_flux(gguf_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogC
     assert "64->32 tokens (8x8)" in line and merged_block_runs(line) == 2 * 2, line
     assert torch.isfinite(out).all()
     assert rel(out, tiny.sample(gguf_flux, FLUX_LATENT, **kw)) > 1e-3  # ToMA acted on the GGUF model
+
+
+# --- PuLID-Flux-ll: its apply node and patch path, with the face pipeline stubbed ------------
+
+
+def face_libraries() -> dict[str, dict[str, Any]]:
+    """Stand-in modules (name -> attributes) for the face-analysis libraries PuLID-ll imports."""
+    return {
+        "cv2": {"BORDER_CONSTANT": 0, "warpAffine": FaceStubs.warp_affine},
+        "insightface": {}, "insightface.app": {"FaceAnalysis": object},
+        "insightface.utils": {}, "insightface.utils.download": {"download_file": None},
+        "insightface.utils.storage": {"BASE_REPO_URL": ""},
+        "insightface.utils.face_align": {"estimate_norm": lambda kps, image_size: None},
+        "facexlib": {}, "facexlib.detection": {"init_detection_model": lambda *a, **k: None},
+        "facexlib.parsing": {"init_parsing_model": FaceStubs.parsing_model},
+        "facexlib.utils": {}, "facexlib.utils.misc": {"img2tensor": None, "imwrite": None},
+    }
+
+
+"""Face-analysis libraries PuLID-ll imports at import time (OpenCV, insightface, facexlib): none
+is installed here, and their models (antelopev2, retinaface, bisenet) may not be downloaded."""
+
+FACE = 64
+"""Side of the stubbed aligned face crop (the real one is 512)."""
+
+
+class FaceStubs:
+    """Stand-ins for the face pipeline only: detection, alignment, parsing, EVA-CLIP and the ID
+    encoder. PuLID-ll's node code, its block replacements, its forward loop and its wrappers run
+    for real, with its own ``PerceiverAttentionCA`` layers sized for the tiny Flux."""
+
+    def __init__(self, hidden: int, kv_dim: int = 32, tokens: int = 8) -> None:
+        import types
+
+        import numpy as np
+
+        self.kv_dim, self.tokens = kv_dim, tokens
+        face = types.SimpleNamespace(bbox=np.array([0.0, 0.0, 32.0, 32.0]), kps=np.zeros((5, 2)), embedding=np.ones(512, np.float32))
+        self.face_analysis = types.SimpleNamespace(det_model=types.SimpleNamespace(input_size=None), get=lambda image: [face])
+        self.hidden = hidden
+
+    @staticmethod
+    def warp_affine(image: Any, matrix: Any, size: tuple, **kwargs: Any) -> Any:
+        import numpy as np
+
+        return np.full((FACE, FACE, 3), 128, np.uint8)
+
+    @staticmethod
+    def parsing_model(**kwargs: Any) -> Any:
+        return lambda x: (torch.zeros(x.shape[0], 19, x.shape[2], x.shape[3]),)
+
+    def eva_clip(self) -> torch.nn.Module:
+        class EvaClip(torch.nn.Module):
+            image_size, image_mean, image_std = FACE, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+
+            def forward(self, x: torch.Tensor, **kwargs: Any) -> tuple:
+                return torch.ones(x.shape[0], 768), [torch.ones(x.shape[0], 4, 16)]
+
+        return EvaClip()
+
+    def pulid_flux(self, encoders: Any, count: int) -> Any:
+        import comfy.model_management as mm
+        import comfy.model_patcher
+
+        stubs = self
+
+        class PulidFlux(torch.nn.Module):
+            double_interval, single_interval = 2, 4
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.pulid_ca = torch.nn.ModuleList(
+                    encoders.PerceiverAttentionCA(dim=stubs.hidden, dim_head=16, heads=4, kv_dim=stubs.kv_dim) for _ in range(count)
+                )
+
+            def get_embeds(self, id_cond: torch.Tensor, id_vit_hidden: list) -> torch.Tensor:
+                return torch.randn(1, stubs.tokens, stubs.kv_dim, generator=torch.Generator().manual_seed(0))
+
+        module = PulidFlux()
+        from tiny_models import init_weights
+
+        init_weights(module, seed=5)
+        return comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
+
+
+@pytest.fixture()
+def pulid_ll(monkeypatch: pytest.MonkeyPatch, tiny: Any) -> Any:
+    """(apply function, tiny Flux with PuLID's 19 double + 38 single blocks)."""
+    import types
+
+    for name, attributes in face_libraries().items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        monkeypatch.setitem(sys.modules, name, module)
+    stubs_root = tp.package_name(tp.PULID_LL) + ".eva_clip"  # its __init__ builds EVA-CLIP (timm, ...)
+    eva = types.ModuleType(stubs_root)
+    eva.__path__ = [str(tp.pack_dir(tp.PULID_LL) / "eva_clip")]
+    monkeypatch.setitem(sys.modules, stubs_root, eva)
+    pulid = tp.pack_module(tp.PULID_LL, "pulidflux")
+    encoders = tp.pack_module(tp.PULID_LL, "encoders_flux")
+
+    model = tiny.build_flux(seed=0, depth=19, depth_single_blocks=38)
+    stubs = FaceStubs(hidden=model.model.diffusion_model.hidden_size)
+    count = 19 // 2 + 1 + 38 // 4 + 1
+
+    def apply(base: Any, attn_mask: torch.Tensor | None = None) -> Any:
+        image = torch.rand(1, 64, 64, 3, generator=torch.Generator().manual_seed(3))
+        node = pulid.ApplyPulidFlux()
+        face = (stubs.pulid_flux(encoders, count), stubs.eva_clip(), stubs.face_analysis, image)
+        return node.apply_pulid_flux(base, *face, 1.0, 0.0, 1.0, attn_mask=attn_mask)[0]
+
+    return apply, model
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "attn_mask"])
+def test_pulid_ll_then_toma(masked: bool, pulid_ll: tuple, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """PuLID-ll's node patches every 2nd double and every 4th single block; its forward loop
+    (``pulid_forward_orig``) passes ``transformer_options`` in ``extra``; ToMA placed after it
+    merges inside PuLID's replacements and PuLID's cross-attention still adds its term. With an
+    attention mask PuLID multiplies its term by an N-token mask: it must see all N tokens."""
+    apply, model = pulid_ll
+    mask = torch.zeros(1, 64, 64)
+    mask[:, :, :32] = 1.0
+    pulid = apply(model, mask if masked else None)
+    dit = pulid.model_options["transformer_options"]["patches_replace"]["dit"]
+    assert len(dit) == 10 + 10  # PuLID's own patch loop: every 2nd double, every 4th single block
+    out = tiny.sample(toma.patch(pulid), FLUX_LATENT, steps=2)
+    line = run_lines(logs)[-1]
+    assert merged_block_runs(line) == 2 * (19 + 38) and "unmerged: none" in line, line
+    assert rel(out, tiny.sample(toma.patch(model), FLUX_LATENT, steps=2)) > 1e-3  # PuLID acted
+    assert rel(out, tiny.sample(pulid, FLUX_LATENT, steps=2)) > 1e-3  # ToMA acted
+    again = toma.patch(toma.patch(pulid, ratio=0.25))  # re-applying ToMA keeps PuLID outermost
+    assert torch.equal(tiny.sample(again, FLUX_LATENT, steps=2), out)
+    foreign = again.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)].toma_foreign
+    assert type(foreign) is type(dit[("double_block", 0)])  # PuLID's own replacement (clones copy it)
+
+
+def test_toma_then_pulid_ll(pulid_ll: tuple, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """The other order: PuLID-ll's ``set_model_dit_patch_replace`` finds ToMA's hook on the key
+    and calls ``.add`` on it, which only its own replacement classes have (measured: AttributeError
+    in PulidFluxHook.py). Recorded as an expected failure of the pack while it lasts; the README
+    says to place PuLID before ToMA."""
+    import traceback
+
+    apply, model = pulid_ll
+    try:
+        patched = apply(toma.patch(model))
+    except AttributeError as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1].filename
+        assert Path(where).parent.name == tp.PULID_LL, f"failed outside PuLID-ll's code: {where}: {exc}"
+        pytest.xfail(f"PuLID-ll after ToMA fails in its own code ({Path(where).name}: {exc}); place PuLID before ToMA")
+    tiny.sample(patched, FLUX_LATENT, steps=2)
+    assert merged_block_runs(run_lines(logs)[-1]) == 2 * (19 + 38)
