@@ -297,3 +297,18 @@ def test_unmerge_setting_reaches_the_wan_plan(wan: Any, tiny: Any, toma: Any, t2
     x = torch.randn(plan.batch, plan.num_tokens, 4, generator=torch.Generator().manual_seed(7))
     merged = plan.merge(x)
     assert torch.allclose(plan.unmerge_residual(x, merged, merged), plan.unmerge(merged))
+
+
+def test_compile_clean_under_torch_compile(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    """TorchCompileModel over the patched Wan (counting backend, tests/integration/test_compat_compile.py):
+    with a sigma window, one graph for merged calls and one for unmerged calls, no graph break, and
+    nothing recompiled in a second run (the frame segments are decided eagerly, per call)."""
+    from test_compat_compile import compiled_runs, with_sdpa
+
+    cond = {"positive": wan.conditioning(t2v, 1), "negative": wan.conditioning(t2v, 2)}
+    _, plain_graphs, plain_breaks = compiled_runs(with_sdpa(t2v), tiny, latent=LATENT, **cond)
+    assert plain_graphs == [1] and plain_breaks == 0
+    patched = compat_support.patch(toma, with_sdpa(t2v), 0.5, 0.0, 0.5, blocks="all")
+    outputs, graphs, breaks = compiled_runs(patched, tiny, runs=2, latent=LATENT, steps=4, **cond)
+    assert graphs == [2, 0] and breaks == 0
+    assert rel(outputs[0], tiny.sample(patched, LATENT, steps=4, **cond)) < 1e-5
