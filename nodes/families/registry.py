@@ -85,6 +85,12 @@ FAMILIES: tuple[Family, ...] = (
         "Replaces the dit blocks (`blocks:5-39` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
         "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
     ),
+    Family(
+        "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), "hidream", "HiDream",
+        "HiDream-I1 (Full, Dev, Fast)",
+        "Object-patches each selected double/single stream block; text tokens pass through, merged tokens take their destinations' rope rows.",
+        "`scope = block` only; no `proportional_attention`. Attention is ~9% of its block compute (MoE feed-forward): the gain is in the linear layers; merged tokens are routed on merged features. E1 edit calls run unmerged.",
+    ),
 )
 
 REFUSED: tuple[Refusal, ...] = (

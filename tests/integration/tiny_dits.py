@@ -51,6 +51,17 @@ def hunyuan_config(**overrides: Any) -> dict[str, Any]:
     } | overrides
 
 
+def hidream_config(**overrides: Any) -> dict[str, Any]:
+    """HiDream-I1: 2 double + 2 single blocks, 4 heads of 16 (rope axes 4/6/6), MoE of 2 experts
+    (top 1), one Llama layer per block (4) of width 32, T5 width 32, pooled 24."""
+    return {
+        "image_model": "hidream", "patch_size": 2, "in_channels": 16, "out_channels": 16, "num_layers": 2,
+        "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4, "caption_channels": [32, 32],
+        "text_emb_dim": 24, "num_routed_experts": 2, "num_activated_experts": 1, "axes_dims_rope": (4, 6, 6),
+        "max_resolution": (128, 128), "llama_layers": [0, 1, 2, 3],
+    } | overrides
+
+
 def build_sd3(seed: int = 0, **overrides: Any) -> Any:
     """A tiny ``comfy.model_base.SD3``; its pos_embed buffer (torch.empty in ComfyUI) is filled too."""
     import comfy.supported_models
@@ -81,6 +92,12 @@ def build_hunyuan(seed: int = 0, **overrides: Any) -> Any:
     return build(comfy.supported_models.HunyuanVideo, hunyuan_config(**overrides), seed)
 
 
+def build_hidream(seed: int = 0, **overrides: Any) -> Any:
+    import comfy.supported_models
+
+    return build(comfy.supported_models.HiDream, hidream_config(**overrides), seed)
+
+
 def conditioning(family: str, seed: int, text_len: int = 12, **extras: Any) -> list[list[Any]]:
     """Batch-1 CONDITIONING for a tiny model of `family`; extras go into its dict (e.g.
     reference_latents for Qwen-Image-Edit)."""
@@ -90,6 +107,9 @@ def conditioning(family: str, seed: int, text_len: int = 12, **extras: Any) -> l
     if family == "hunyuan_video":
         extras.setdefault("pooled_output", torch.randn((1, 24), generator=gen))
         extras.setdefault("guidance", 6.0)
+    if family == "hidream":
+        extras.setdefault("pooled_output", torch.randn((1, 24), generator=gen))
+        extras.setdefault("conditioning_llama3", torch.randn((1, 4, text_len, 32), generator=gen))
     if family == "lumina2":
         extras.setdefault("attention_mask", torch.ones((1, text_len), dtype=torch.long))
     return [[torch.randn((1, text_len, 32), generator=gen), extras]]
