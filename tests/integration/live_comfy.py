@@ -201,11 +201,17 @@ def run_prompt(server: LiveServer, prompt: dict[str, Any], timeout_s: float = RU
     raise AssertionError(f"prompt {prompt_id} did not finish in {timeout_s:.0f} s:\n{server.log_tail()}")
 
 
-def image_pixels(server: LiveServer, image: dict[str, Any]) -> Any:
-    """The saved image's pixels (H, W, C uint8 numpy array) fetched through /view."""
+def media_frames(server: LiveServer, item: dict[str, Any]) -> Any:
+    """A saved image or video fetched through /view, as (F, H, W, 3) uint8 frames (numpy)."""
     import numpy as np
-    from PIL import Image
 
-    query = urllib.parse.urlencode({k: image[k] for k in ("filename", "subfolder", "type")})
+    query = urllib.parse.urlencode({k: item[k] for k in ("filename", "subfolder", "type")})
     body, _ = http_get(f"{server.url}/view?{query}")
-    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+    if Path(item["filename"]).suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"):
+        from PIL import Image
+
+        return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))[None]
+    import av
+
+    with av.open(io.BytesIO(body)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])

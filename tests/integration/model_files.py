@@ -14,6 +14,12 @@ ComfyUI's detection fixes what cannot shrink, so the files are as small as detec
   channels. ``VAELoader``.
 - ``sd15_checkpoint``: an SD1.5-class UNet (320 channels, context 768, 2 levels), CLIP-L and a
   TAESD VAE in one file. ``CheckpointLoaderSimple``.
+- ``wan_unet``: a Wan 2.1 / 2.2 T2V DiT (detection reads its width and depth: 128 wide, one head,
+  one block; the text input stays 4096 wide, as CLIP-L padded by ``CLIPLoader(type="sd3")``).
+  ``UNETLoader``.
+- ``wan_vae``: the Wan 2.1 VAE (detection fixes its layout: 127M parameters, fp16).
+  ``VAELoader``.
+- ``flux_gguf_q8_0``: ``flux_unet``'s model in GGUF Q8_0 (ComfyUI-GGUF's loader).
 
 Import only after ComfyUI is importable (the ``comfy`` fixture).
 """
@@ -124,6 +130,36 @@ def sd15_checkpoint(path: Path) -> Path:
     tensors |= {f"cond_stage_model.transformer.{k}": v for k, v in clip_l_tensors().items()}
     tensors |= {f"first_stage_model.{k}": v.half() for k, v in taesd_tensors(4).items()}
     return _save(tensors, path)
+
+
+WAN_UNET_CONFIG: dict[str, Any] = {
+    "model_type": "t2v", "patch_size": (1, 2, 2), "text_len": 512, "in_dim": 16, "dim": 128,
+    "ffn_dim": 256, "freq_dim": 256, "text_dim": 4096, "out_dim": 16, "num_heads": 1,
+    "num_layers": 1, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6,
+}
+"""Read back by detection: dim from ``head.modulation``, heads = dim // 128, ffn, depth, in/out."""
+
+WAN_VAE_CONFIG: dict[str, Any] = {
+    "dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_scales": [],
+    "temperal_downsample": [False, True, True], "dropout": 0.0,
+}
+"""The Wan 2.1 VAE's layout as ``comfy.sd.VAE`` builds it for these keys."""
+
+
+def wan_unet(path: Path, seed: int = 0) -> Path:
+    """A Wan T2V ``diffusion_models`` file (bare keys, bf16)."""
+    import comfy.ldm.wan.model
+    import comfy.ops
+
+    module = comfy.ldm.wan.model.WanModel(dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init, **WAN_UNET_CONFIG)
+    return _save(_filled(module, seed), path)
+
+
+def wan_vae(path: Path) -> Path:
+    import comfy.ldm.wan.vae
+
+    module = comfy.ldm.wan.vae.WanVAE(**WAN_VAE_CONFIG)
+    return _save({k: v.half() for k, v in _filled(module, seed=4).items()}, path)
 
 
 def flux_gguf_q8_0(path: Path) -> Path:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,8 +194,9 @@ def test_kjnodes_compiled_blocks(version: str, order: str, tiny_flux: Any, tiny:
 
 
 @pytest.fixture(scope="module")
-def gguf_flux(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A full-width 1 double + 1 single block Flux in Q8_0, loaded by ``UnetLoaderGGUF``."""
+def gguf_flux(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A full-width 1 double + 1 single block Flux in Q8_0, loaded by ``UnetLoaderGGUF`` (the
+    file, 0.6 GB, is deleted afterwards)."""
     pytest.importorskip("gguf", reason="the gguf package (test extra) writes the Q8_0 file")
     import folder_paths
     import model_files
@@ -205,9 +207,10 @@ def gguf_flux(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     saved = folder_paths.folder_names_and_paths["diffusion_models"]
     folder_paths.add_model_folder_path("diffusion_models", str(folder))
     try:
-        return nodes.UnetLoaderGGUF().load_unet(path.name)[0]
+        yield nodes.UnetLoaderGGUF().load_unet(path.name)[0]
     finally:
         folder_paths.folder_names_and_paths["diffusion_models"] = saved
+        path.unlink(missing_ok=True)
 
 
 def test_gguf_q8_0_flux(gguf_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:

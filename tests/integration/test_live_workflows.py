@@ -24,42 +24,71 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import workflow_api as wa
-from live_comfy import PACK_ROOT, LiveServer, Run, get_json, image_pixels, queue, run_prompt
+from live_comfy import PACK_ROOT, LiveServer, Run, get_json, media_frames, queue, run_prompt
 from pack import pack_module
 
 log = logging.getLogger(__name__)
 
 EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
 SIZE = 256
+VIDEO_SIZE, VIDEO_FRAMES = 128, 5
+LATENT_FRAMES = 1 + (VIDEO_FRAMES - 1) // 4
+"""Wan's VAE: the first frame, then one latent frame per 4."""
 STEPS = 2
 LATENT_FACTOR = 8
-FLUX_PATCH = 2
+PATCH = 2
+"""Flux's and Wan's 2x2 patches (a token per 16x16 pixels)."""
 FILES = {
     "flux": "diffusion_models/toma_test_flux_1x1.safetensors",
+    "wan_high": "diffusion_models/toma_test_wan_high.safetensors",
+    "wan_low": "diffusion_models/toma_test_wan_low.safetensors",
     "clip_l": "text_encoders/toma_test_clip_l.safetensors",
     "taef1": "vae/toma_test_taef1.safetensors",
+    "wan_vae": "vae/toma_test_wan_2.1_vae.safetensors",
     "sd15": "checkpoints/toma_test_sd15_2level.safetensors",
 }
+SWAPS = {
+    "flux1-dev.safetensors": "flux",
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "wan_high",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": "wan_low",
+    "ae.safetensors": "taef1",
+    "wan_2.1_vae.safetensors": "wan_vae",
+    "sd_xl_base_1.0.safetensors": "sd15",
+}
+"""Shipped model file name -> this test's file (a name missing here fails the test: a new
+workflow needs its file made too)."""
+LOADERS = {"UNETLoader": "unet_name", "VAELoader": "vae_name", "CheckpointLoaderSimple": "ckpt_name"}
+TEXT_LOADERS = ("DualCLIPLoader", "CLIPLoader")
+"""T5-XXL and umT5-XXL cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to 4096."""
+TOMA_NODES = ("ToMAPatch", "ToMAPatchAdvanced")
 TOKEN_PATTERN = re.compile(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)")
 
 
 @pytest.fixture(scope="session")
-def live_models(live_server: LiveServer) -> dict[str, str]:
-    """The test's model files in the server's models folder; name in the loaders' lists by key."""
+def live_models(live_server: LiveServer) -> Iterator[dict[str, str]]:
+    """The test's model files in the server's models folder; name in the loaders' lists by key.
+    Deleted afterwards (2 GB; pytest keeps its last temporary folders)."""
     import model_files
 
     makers = {
-        "flux": model_files.flux_unet, "clip_l": model_files.clip_l,
-        "taef1": model_files.taesd_vae, "sd15": model_files.sd15_checkpoint,
+        "flux": model_files.flux_unet, "wan_high": lambda p: model_files.wan_unet(p, seed=0),
+        "wan_low": lambda p: model_files.wan_unet(p, seed=1), "clip_l": model_files.clip_l,
+        "taef1": model_files.taesd_vae, "wan_vae": model_files.wan_vae, "sd15": model_files.sd15_checkpoint,
     }
-    for key, relative in FILES.items():
-        makers[key](live_server.models / relative)
-    return {key: Path(relative).name for key, relative in FILES.items()}
+    paths = [live_server.models / relative for relative in FILES.values()]
+    try:
+        for key, path in zip(FILES, paths):
+            makers[key](path)
+        yield {key: path.name for key, path in zip(FILES, paths)}
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +97,31 @@ def object_info(live_server: LiveServer, live_models: dict[str, str]) -> dict[st
     return get_json(f"{live_server.url}/object_info")
 
 
+def shorter(node: dict[str, Any]) -> None:
+    """KSamplerAdvanced: STEPS steps, its start/end steps scaled alike (Wan 2.2's expert split)."""
+    inputs = node["inputs"]
+    total = inputs["steps"]
+    for name in ("start_at_step", "end_at_step"):
+        if inputs[name] < total:
+            inputs[name] = round(inputs[name] * STEPS / total)
+    inputs["steps"] = STEPS
+
+
 def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str], name: str) -> wa.Prompt:
     """The shipped prompt with this test's model files, text-encoder loader, size and length."""
-    prompt = wa.set_inputs(prompt, "UNETLoader", unet_name=files["flux"])
-    prompt = wa.set_inputs(prompt, "VAELoader", vae_name=files["taef1"])
-    prompt = wa.set_inputs(prompt, "CheckpointLoaderSimple", ckpt_name=files["sd15"])
-    for node_id in wa.nodes_of(prompt, "DualCLIPLoader"):
+    prompt = wa.set_inputs(prompt, "ToMAPatch", start_percent=0.0)  # 2 steps: the 0.75 window holds none
+    for node in prompt.values():
+        if node["class_type"] in LOADERS:
+            key = LOADERS[node["class_type"]]
+            node["inputs"][key] = files[SWAPS[node["inputs"][key]]]
+        elif node["class_type"] == "KSamplerAdvanced":
+            shorter(node)
+    for node_id in [i for c in TEXT_LOADERS for i in wa.nodes_of(prompt, c)]:
         prompt = wa.replace_node(prompt, node_id, wa.api_node(object_info, "CLIPLoader", clip_name=files["clip_l"], type="sd3"))
     prompt = wa.set_inputs(prompt, "EmptyLatentImage", width=SIZE, height=SIZE)
+    prompt = wa.set_inputs(prompt, "EmptyHunyuanLatentVideo", width=VIDEO_SIZE, height=VIDEO_SIZE, length=VIDEO_FRAMES)
     prompt = wa.set_inputs(prompt, "KSampler", steps=STEPS)
-    prompt = wa.set_inputs(prompt, "ToMAPatch", start_percent=0.0)
+    prompt = wa.set_inputs(prompt, "SaveVideo", filename_prefix=f"toma_test_{name}")
     return wa.set_inputs(prompt, "SaveImage", filename_prefix=f"toma_test_{name}")
 
 
@@ -102,15 +146,25 @@ def shared_run(server: LiveServer, runs: dict, key: tuple[str, str], prompt: wa.
     return runs[key]
 
 
+FAMILIES = {"flux": "flux", "wan_high": "wan", "wan_low": "wan", "sd15": "unet"}
+
+
 def family_of_workflow(prompt: wa.Prompt) -> str:
-    return "flux" if wa.nodes_of(prompt, "UNETLoader") else "unet"
+    """The model family of the prompt's diffusion-model files."""
+    keys = {Path(relative).name: key for key, relative in FILES.items()}
+    names = [node["inputs"][LOADERS[node["class_type"]]] for node in prompt.values() if node["class_type"] in LOADERS]
+    (family,) = {FAMILIES[keys[name]] for name in names if keys[name] in FAMILIES}
+    return family
 
 
 def expected_grids(family: str) -> set[tuple[int, int]]:
-    """Token grids a SIZE x SIZE image can give: Flux's 2x2 patches; a 2-level UNet's two levels."""
-    side = SIZE // LATENT_FACTOR
+    """Token grids of this test's sizes: Flux's and Wan's 2x2 patches (per frame for Wan); a
+    2-level UNet's two levels."""
     if family == "flux":
-        return {(side // FLUX_PATCH, side // FLUX_PATCH)}
+        return {(SIZE // LATENT_FACTOR // PATCH,) * 2}
+    if family == "wan":
+        return {(VIDEO_SIZE // LATENT_FACTOR // PATCH,) * 2}
+    side = SIZE // LATENT_FACTOR
     return {(side, side), (side // 2, side // 2)}
 
 
@@ -130,45 +184,56 @@ def assert_success(run: Run) -> None:
     assert run.images(), f"no image in {run.history.get('outputs')}"
 
 
+def toma_ids(prompt: wa.Prompt) -> list[str]:
+    return [node_id for kind in TOMA_NODES for node_id in wa.nodes_of(prompt, kind)]
+
+
+def check_run_line(line: str, family: str, toma: dict[str, Any]) -> None:
+    assert f"ToMA [{family}]" in line, line
+    merged = re.search(r"merged (\d+)/(\d+) steps", line)
+    assert merged and merged[1] == merged[2] != "0", line  # start_percent 0: every step merged
+    grids = TOKEN_PATTERN.findall(line)
+    assert grids and {(int(h), int(w)) for *_, h, w in grids} <= expected_grids(family), line
+    frames = LATENT_FRAMES if family == "wan" else 1  # video: the grid is per latent frame
+    for before, after, height, width in (map(int, grid) for grid in grids):
+        assert before == frames * height * width, line
+        assert after == frames * kept_tokens(height, width, toma["tile_size"], toma["ratio"]) < before, line
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_shipped_workflow_runs_and_merges(live_server: LiveServer, prompts, runs, path: Path):
     prompt = prompts[path.stem]
     run = shared_run(live_server, runs, (path.stem, "toma"), prompt)
     assert_success(run)
-    pixels = image_pixels(live_server, run.images()[0])
-    assert pixels.shape == (SIZE, SIZE, 3)
-    assert pixels.std() > 0, "a constant image cannot show whether ToMA changed it"
+    frames = media_frames(live_server, run.images()[0])
+    video = family_of_workflow(prompt) == "wan"
+    assert frames.shape == ((VIDEO_FRAMES, VIDEO_SIZE, VIDEO_SIZE, 3) if video else (1, SIZE, SIZE, 3))
+    assert frames.std() > 0, "a constant image cannot show whether ToMA changed it"
 
-    toma = prompt[wa.only(prompt, "ToMAPatch")]["inputs"]
-    family = family_of_workflow(prompt)
+    ids = toma_ids(prompt)
     lines = toma_lines(run)
-    assert len(lines) == 1, f"expected one ToMA run line, got {lines}\n{run.log[-3000:]}"
-    assert f"ToMA [{family}]" in lines[0]
-    assert f"merged {STEPS}/{STEPS} steps" in lines[0], lines[0]
-    grids = TOKEN_PATTERN.findall(lines[0])
-    assert grids, lines[0]
-    assert {(int(h), int(w)) for *_, h, w in grids} <= expected_grids(family), lines[0]
-    for before, after, height, width in (map(int, grid) for grid in grids):
-        assert before == height * width, lines[0]
-        assert after == kept_tokens(height, width, toma["tile_size"], toma["ratio"]), lines[0]
-        assert after < before
+    assert len(lines) == len(ids), f"expected {len(ids)} ToMA run lines (one per patched model), got {lines}\n{run.log[-3000:]}"
+    for line, node_id in zip(lines, ids):
+        check_run_line(line, family_of_workflow(prompt), prompt[node_id]["inputs"])
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_ratio_zero_is_bit_identical_to_no_toma(live_server: LiveServer, prompts, runs, path: Path):
     prompt = prompts[path.stem]
-    toma_id = wa.only(prompt, "ToMAPatch")
+    without = prompt
+    for node_id in toma_ids(prompt):
+        without = wa.remove_node(without, node_id, "model")
     zero = shared_run(live_server, runs, (path.stem, "ratio0"), wa.set_inputs(prompt, "ToMAPatch", ratio=0.0))
-    plain = shared_run(live_server, runs, (path.stem, "plain"), wa.remove_node(prompt, toma_id, "model"))
+    plain = shared_run(live_server, runs, (path.stem, "plain"), without)
     merged = shared_run(live_server, runs, (path.stem, "toma"), prompt)
     for run in (zero, plain, merged):
         assert_success(run)
-    reference = image_pixels(live_server, plain.images()[0])
+    reference = media_frames(live_server, plain.images()[0])
     assert reference.std() > 0
-    assert (image_pixels(live_server, zero.images()[0]) == reference).all(), "ratio 0 changed the image"
+    assert (media_frames(live_server, zero.images()[0]) == reference).all(), "ratio 0 changed the image"
     assert not toma_lines(plain), "a prompt without the ToMA node printed a ToMA line"
     # Evidence that the comparison can fail: the merged run (ratio from the workflow) differs.
-    assert (image_pixels(live_server, merged.images()[0]) != reference).any(), "ToMA at its ratio left the image unchanged"
+    assert (media_frames(live_server, merged.images()[0]) != reference).any(), "ToMA at its ratio left the image unchanged"
 
 
 def node_error_details(answer: dict[str, Any]) -> str:
