@@ -188,14 +188,14 @@ class CallContext:
     def settings(self) -> ToMASettings:
         return self.state.config.settings
 
-    def plan(self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor], frames: int = 1) -> MergePlan:
-        """The merge plan for an h x w grid (of `frames` frames, each tiled on its own) at `slot`
-        (e.g. "flux" or a UNet level; a video family puts the frame count in its slot).
+    def plan(self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor]) -> MergePlan:
+        """The merge plan for an h x w grid at `slot` (e.g. "flux" or a UNet level).
 
         One per (slot, h, w) in this call: every merged block of a forward at that grid shares it.
         Reuse across calls (same epoch and batch composition) comes pre-filled by the wrapper, and
         plans built here are kept for later calls by the wrapper after the call. features() ->
-        (B, frames*h*w, C) is called only when a plan is built.
+        (B, h*w, C) is called only when a plan is built. (Video families build segment plans
+        into `plans` themselves: joint.segment_plan, wan.py.)
         """
         key = (slot, height, width)
         plan = self.plans.get(key)
@@ -204,7 +204,7 @@ class CallContext:
             plan = make_plan(
                 features(), height, width, settings.ratio, settings.tile_size,
                 similarity=settings.similarity, temperature=settings.temperature, budget=settings.budget,
-                unmerge=settings.unmerge, frames=frames,
+                unmerge=settings.unmerge,
             )
             self.plans[key] = plan
         return plan

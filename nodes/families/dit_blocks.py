@@ -2,8 +2,8 @@
 
 Pure Python (no torch, no ComfyUI). A block is named by its stream (group) and index, as the
 family's adapter names them: Flux, Chroma, HunyuanVideo and HiDream have ("double", i) and
-("single", i); Qwen-Image and SD3 ("double", i), after ComfyUI's dit replace keys; Lumina2
-("layers", i) for `layers[i]`.
+("single", i); Qwen-Image and SD3 ("double", i), after ComfyUI's dit replace keys; Wan
+("blocks", i); Lumina2 ("layers", i) for `layers[i]`.
 
 Accepted `blocks` strings:
 

@@ -7,8 +7,10 @@ Flux layers with the image first (research/dit_family.md §4): double blocks get
 video tokens start at R in every sequence, rope table and mask. Merged tokens take their
 destinations' pe rows and mask columns; the text and its mask pass through.
 
-Video latents (B, C, T, H, W) are tiled frame by frame (spatial tiles, a frame never merges
-with another; t x h x w tiles are issue 12's work): N = T * ceil(H / 2) * ceil(W / 2), t-major.
+Video latents (B, C, T, H, W) give N = T * ceil(H / 2) * ceil(W / 2) tokens, t-major. They are
+merged with issue 12's spatio-temporal plans (toma_core.video): frame 0 alone (the causal VAE
+encodes it from the first picture by itself), the frames after it in t x h x w tiles of
+`tile_frames` frames (TILE_FRAMES, as Wan). Modulation is per sample, so tiles may span frames.
 Both block kinds write into their inputs in place (double: txt; single: the sequence, §11.1):
 the merged sequence is a fresh tensor and the delta is taken against our own copy.
 
@@ -25,7 +27,8 @@ from typing import Any
 
 import torch
 
-from ..runtime import CallGeometry
+from ...toma_core.video import Segment
+from ..runtime import CallContext, CallGeometry
 from ..settings import ToMASettings
 from .common import require_block_scope
 from .dit_blocks import parse_flux_blocks
@@ -34,12 +37,22 @@ from .hooks import block_context, install_dit_hooks
 from .joint import Rows, merged_dit_block, tokens_match
 
 SLOT = "hunyuan_video"
+TILE_FRAMES = 2
+"""Frames one tile spans after frame 0, unless the settings carry `tile_frames` (issue 12)."""
 TOKEN_REPLACE = "image-to-video token replace (first-frame modulation) is not merged"
 
 
 @dataclasses.dataclass(frozen=True)
 class HunyuanAdapter(DitAdapter):
-    """Geometry of a HunyuanVideo call: frames x h x w video tokens, R reference tokens before them."""
+    """Geometry of a HunyuanVideo call: frames x h x w video tokens, R reference tokens before them.
+    tile_frames: frames one tile spans after frame 0."""
+
+    tile_frames: int = TILE_FRAMES
+
+    def segments(self, frames: int) -> tuple[Segment, ...]:
+        """Frame 0 alone, then the other frames (t x h x w tiles)."""
+        rest = (Segment(frames - 1, tile_frames=self.tile_frames),) if frames > 1 else ()
+        return (Segment(1), *rest)
 
     def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> CallGeometry:
         """x (B, C, T, H, W) or (B, C, H, W) (HunyuanImage 2.1); ref_latent (b, C, T', H', W')."""
@@ -60,7 +73,8 @@ def apply(model, settings: ToMASettings) -> HunyuanAdapter:
     sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
     install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
-    return HunyuanAdapter("hunyuan_video", blocks.describe(), blocks.count, int(dm.patch_size[-1]), refs_key=None)
+    tile_frames = getattr(settings, "tile_frames", TILE_FRAMES)
+    return HunyuanAdapter("hunyuan_video", blocks.describe(), blocks.count, int(dm.patch_size[-1]), None, tile_frames)
 
 
 def _tables(start: int) -> tuple[Rows, ...]:
@@ -77,7 +91,7 @@ def merged_double(args: dict, extra: dict, block: Callable[[dict], dict]) -> dic
     if not tokens_match(ctx, img.shape[1], g.extra_tokens + g.tokens):
         return block(args)
     length = img.shape[1] + args["txt"].shape[1]
-    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), length)
+    return _merged(args, block, ctx, length)
 
 
 def merged_single(args: dict, extra: dict, block: Callable[[dict], dict]) -> dict:
@@ -89,4 +103,11 @@ def merged_single(args: dict, extra: dict, block: Callable[[dict], dict]) -> dic
     if seq.shape[1] < g.extra_tokens + g.tokens:
         tokens_match(ctx, seq.shape[1], g.extra_tokens + g.tokens)
         return block(args)
-    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), seq.shape[1])
+    return _merged(args, block, ctx, seq.shape[1])
+
+
+def _merged(args: dict, block: Callable[[dict], dict], ctx: CallContext, length: int) -> dict:
+    """The block on [ref; M video; rest]: pe rows and key-mask columns at R, the call's segments."""
+    g, adapter = ctx.geometry, ctx.state.config.adapter
+    segments = adapter.segments(g.frames)
+    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), length, segments)

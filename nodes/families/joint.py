@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...toma_core import MergePlan
+from ...toma_core.video import Segment, make_video_plan
 from ..runtime import CallContext
 from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
 
@@ -37,11 +38,25 @@ class Rows:
 
 
 def image_plan(ctx: CallContext, slot: str, image: torch.Tensor) -> MergePlan:
-    """This call's plan of the main grid at `slot`, built from image (B, N, C) when missing. Video
-    frames are tiled one by one (spatial tiles; a frame never merges with another)."""
+    """This call's plan of the main h x w grid at `slot`, built from image (B, N, C) when missing."""
     g = ctx.geometry
-    key = slot if g.frames == 1 else (slot, g.frames)
-    return ctx.plan(key, g.height, g.width, lambda: features(image), frames=g.frames)
+    return ctx.plan(slot, g.height, g.width, lambda: features(image))
+
+
+def segment_plan(ctx: CallContext, slot: str, segments: tuple[Segment, ...], image: torch.Tensor) -> MergePlan:
+    """This call's plan of a video grid cut into frame segments (toma_core.video, issue 12: each
+    segment tiled on its own, t x h x w tiles inside it), built from image (B, N, C) when missing."""
+    g = ctx.geometry
+    key = ((slot, segments), g.height, g.width)
+    plan = ctx.plans.get(key)
+    if plan is None:
+        s = ctx.settings
+        plan = make_video_plan(
+            features(image), list(segments), g.height, g.width, s.ratio, s.tile_size,
+            similarity=s.similarity, temperature=s.temperature, budget=s.budget, unmerge=s.unmerge,
+        )
+        ctx.plans[key] = plan
+    return plan
 
 
 def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: int) -> dict | str:
@@ -66,18 +81,20 @@ def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: 
 def run_merged(
     ctx: CallContext, slot: str, seq: torch.Tensor, start: int, args: dict, tables: tuple[Rows, ...],
     length: int, call: Callable[[torch.Tensor, dict], object], output: Callable[[object], torch.Tensor],
-    rebuild: Callable[[object, torch.Tensor], object],
+    rebuild: Callable[[object, torch.Tensor], object], segments: tuple[Segment, ...] | None = None,
 ) -> tuple[bool, object]:
     """Run a block on merged image tokens.
 
     seq (B, L_seq, C) holds the N image tokens at [start, start+N); `length` is the token count of
     the per-token tables. call(seq_m, tables) runs the block on the merged sequence with the
     gathered tables; output(out) picks the merged sequence from its result; rebuild(out, seq')
-    puts the unmerged sequence back. Returns (False, reason) when a table has another layout
-    (nothing ran), else (True, the rebuilt result).
+    puts the unmerged sequence back. segments: the frame segments of a video grid (None: one
+    plan over the whole grid). Returns (False, reason) when a table has another layout (nothing
+    ran), else (True, the rebuilt result).
     """
     n = ctx.geometry.tokens
-    plan = image_plan(ctx, slot, seq[:, start:start + n])
+    image = seq[:, start:start + n]
+    plan = image_plan(ctx, slot, image) if segments is None else segment_plan(ctx, slot, segments, image)
     merged = merge_tables(args, tables, plan, length)
     if isinstance(merged, str):
         return False, merged
@@ -87,13 +104,17 @@ def run_merged(
     return True, rebuild(out, unmerge_span(output(out), start, plan, x, x_m))
 
 
-def merged_dit_block(args: dict, block: Callable[[dict], dict], ctx: CallContext, slot: str, start: int, tables: tuple[Rows, ...], length: int) -> dict:
+def merged_dit_block(
+    args: dict, block: Callable[[dict], dict], ctx: CallContext, slot: str, start: int, tables: tuple[Rows, ...], length: int,
+    segments: tuple[Segment, ...] | None = None,
+) -> dict:
     """run_merged for a dit replace key whose args["img"] holds the image span at `start`."""
     done, out = run_merged(
         ctx, slot, args["img"], start, args, tables, length,
         call=lambda seq_m, merged: block(dict(args, img=seq_m, **merged)),
         output=lambda result: result["img"],
         rebuild=lambda result, img: dict(result, img=img),
+        segments=segments,
     )
     if done:
         return out

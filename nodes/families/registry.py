@@ -76,8 +76,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "hunyuan_video", ("comfy.ldm.hunyuan_video.model:HunyuanVideo",), "hunyuan_video", "HunyuanVideo",
         "HunyuanVideo (T2V, custom I2V); HunyuanImage 2.1 shares the class (not tested)",
-        "Replaces the dit double/single blocks; video frames are tiled one by one. Text tokens, the text mask and reference-latent tokens pass through unmerged.",
-        "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\" (first-frame modulation) runs unmerged. No tiles across frames yet.",
+        "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of 2 frames x `tile_size` x `tile_size`). Text tokens, the text mask and reference-latent tokens pass through unmerged.",
+        "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\" (first-frame modulation) runs unmerged.",
     ),
     Family(
         "wan", ("comfy.ldm.wan.model:WanModel",), "wan", "Wan",

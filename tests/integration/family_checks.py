@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from compat_support import patch, record_attention, rel, run_lines  # noqa: F401 (re-exported for the family tests)
+from pack import pack_module  # noqa: F401 (re-exported for the family tests)
 
 
 def lengths_of(model: Any) -> tuple[Any, list[int]]:
@@ -63,9 +64,11 @@ def check_clone_untouched(tiny: Any, toma: Any, model: Any, latent: tuple[int, .
     assert not model.object_patches
 
 
-def check_per_sample(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, monkeypatch: Any) -> None:
+def check_per_sample(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, monkeypatch: Any,
+                     builder: tuple[Any, str] | None = None) -> None:
     """A batch of two noises equals two single runs (1 step, judged against ToMA's own effect), and
-    every plan of a CFG batch picks different destinations for cond and uncond."""
+    each sample of the CFG batch gets its own destinations. builder: (module, name) of the plan
+    builder the family calls (default: runtime.make_plan)."""
     import comfy.sample
 
     gen = torch.Generator().manual_seed(0)
@@ -76,11 +79,12 @@ def check_per_sample(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], 
         empty = torch.zeros_like(n)
         return comfy.sample.sample(m, n, 1, 2.0, "euler", "simple", pos, neg, empty, seed=0, disable_pbar=True)
 
+    module, name = builder or (toma.runtime, "make_plan")
     plans: list[Any] = []
-    original = toma.runtime.make_plan
-    monkeypatch.setattr(toma.runtime, "make_plan", lambda *a, **k: plans.append(original(*a, **k)) or plans[-1])
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: plans.append(original(*a, **k)) or plans[-1])
     batch = run(patched, noise)
-    monkeypatch.setattr(toma.runtime, "make_plan", original)
+    monkeypatch.setattr(module, name, original)
     singles = torch.cat([run(patched, noise[i:i + 1]) for i in range(2)])
     effect = rel(batch, run(model, noise))
     assert effect > 1e-3

@@ -45,6 +45,26 @@ def test_every_block_runs_on_merged_tokens(hunyuan: Any, tiny: Any, toma: Any, c
     assert "4 block runs merged" in line and "192->96 tokens (8x8)" in line
 
 
+def test_frame_zero_merges_alone_and_later_frames_in_pairs(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's segments: frame 0 alone, frames 1-2 in 2 x 4 x 4 tiles (issue 12's video plans).
+    Merging one-hot frame indicators shows it: a merged token of frame 0 holds frame 0 only, and
+    some merged token of the later segment mixes frames 1 and 2."""
+    joint = fc.pack_module("nodes.families.joint")
+    plans: list[Any] = []
+    original = joint.make_video_plan
+    monkeypatch.setattr(joint, "make_video_plan", lambda *a, **k: plans.append((a[1], original(*a, **k))) or plans[-1][1])
+    fc.sample(tiny, fc.patch(toma, hunyuan, blocks="all"), LATENT, *conds, steps=1)
+    segments, plan = plans[0]
+    assert [(s.frames, s.merge, s.tile_frames) for s in segments] == [(1, True, 1), (2, True, 2)]
+    frame = torch.arange(3).repeat_interleave(64)
+    onehot = torch.nn.functional.one_hot(frame, 3).float().expand(plan.batch, -1, -1)
+    merged = plan.merge(onehot)
+    first = merged[:, :32]
+    assert torch.equal(first[..., 1:], torch.zeros_like(first[..., 1:]))
+    later = merged[:, 32:]
+    assert bool(((later[..., 1] > 0) & (later[..., 2] > 0)).any()) and torch.equal(later[..., 0], torch.zeros_like(later[..., 0]))
+
+
 def test_in_place_single_blocks_keep_their_change(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
     """Single blocks add to their input in place: a delta taken against the tensor passed in would
     be zero, as if the blocks did nothing. Merging them (ratio 0.25) stays far closer to the
@@ -99,7 +119,7 @@ def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tu
 
 
 def test_per_sample_plans_under_cfg(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    fc.check_per_sample(tiny, toma, hunyuan, LATENT, *conds, monkeypatch)
+    fc.check_per_sample(tiny, toma, hunyuan, LATENT, *conds, monkeypatch, (fc.pack_module("nodes.families.joint"), "make_video_plan"))
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 2, 18, 22), (1, 16, 1, 2, 30), (1, 16, 3, 10, 14)])
