@@ -10,6 +10,8 @@ Sections (each timed in this run, speed-ups always against the unpatched model o
   relative error of the denoiser output, unpatched vs ToMA per ratio vs the ideal (D tokens).
 - sdxl: the same on bench_sdxl's SDXL-shaped UNet: unpatched vs ToMA vs scope "attention" vs the
   built-in ToMe.
+- families: bench/bench_families.py, ms per model call of family-shaped SD3, Qwen-Image, Lumina2,
+  HunyuanVideo and HiDream models at ratio 0.5 against each one's ideal (D tokens) (issue 14).
 - wan: bench/bench_wan.py, ms per model call of a Wan-shaped video model (14B's tokens-to-width
   balance at 832x480x81), unpatched vs ToMA per ratio vs the ideal (D tokens) (issue 12).
 - tokens: bench/fidelity.py, merge fidelity on natural-image tokens, ToMA vs ToMe vs pooling.
@@ -49,7 +51,9 @@ if str(BENCH) not in sys.path:
 
 import model_fidelity  # noqa: E402  (also puts tests/ and tests/integration/ on sys.path)
 
-SECTIONS = ("core", "flux", "sdxl", "wan", "tokens")
+SECTIONS = ("core", "flux", "sdxl", "wan", "families", "tokens")
+MODEL_SECTIONS = {"flux", "sdxl", "wan", "families"}
+"""Sections that need ComfyUI."""
 ROW_NOTES = {
     "flux": "ToMA r: every block merged at ratio r, a plan built in every call; ToMA-prop r: the same with "
             "proportional attention (the advanced node's proportional_attention: log cluster size added to "
@@ -81,6 +85,7 @@ class Preset:
     tokens: list[str] = field(default_factory=list)
     weight_seeds: tuple[int, ...] = (0, 1, 2)
     wan: list[str] = field(default_factory=list)
+    families: list[str] = field(default_factory=lambda: ["--repeats", "7", "--clock", "cpu"])
 
 
 def preset_for(args: argparse.Namespace) -> Preset:
@@ -89,10 +94,12 @@ def preset_for(args: argparse.Namespace) -> Preset:
         return Preset("smoke", ["--width", "64", "--grid", "8", "--repeats", "1"], "smoke", 1, 0, 1, 1,
                       ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"], (0, 1),
                       ["--dim", "128", "--heads", "1", "--ffn", "256", "--depth", "1", "--frames", "3", "--height", "4",
-                       "--width", "6", "--text", "16", "--repeats", "1", "--warmup", "0", "--ratios", "0.5"])
+                       "--width", "6", "--text", "16", "--repeats", "1", "--warmup", "0", "--ratios", "0.5"],
+                      ["--grid", "4", "--repeats", "1", "--warmup", "0"])
     if args.device != "cpu":
         return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5,
-                      ["--tiles", "2,4,8"], wan=["--dtype", "bf16", "--real-size", "--repeats", "5"])
+                      ["--tiles", "2,4,8"], wan=["--dtype", "bf16", "--real-size", "--repeats", "5"],
+                      families=["--dtype", "bf16", "--grid", "64", "--repeats", "7"])
     return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 9, 1, 4, 2,
                   ["--tiles", "2,4,8"], wan=["--repeats", "7"])
 
@@ -203,6 +210,17 @@ def wan_section(args: argparse.Namespace, preset: Preset) -> dict:
         config, tokens, ms, speedup, *_ = [c.strip() for c in line.strip("|").split("|")]
         rows.append({"config": config, "tokens": int(tokens), "ms": float(ms), "speedup": float(speedup)})
     return {"command": command, "setup": lines[0] if lines else "", "table": table, "rows": rows}
+
+
+def families_section(args: argparse.Namespace, preset: Preset) -> dict:
+    """bench_families.py's rows (per family: N, D, ms unpatched / ToMA / ideal, speed-ups) and its setup line."""
+    command, stdout = run_script("bench_families.py", ["--device", args.device, *preset.families], args.threads)
+    lines = stdout.strip().splitlines()
+    keys = ("family", "ratio", "tokens", "kept", "ms", "toma_ms", "speedup", "ideal_ms", "ideal_speedup")
+    rows = [dict(zip(keys, line.split())) for line in lines[2:] if line.strip()]
+    for row in rows:
+        row.update({k: float(row[k]) for k in keys[1:]})
+    return {"command": command, "setup": lines[0] if lines else "", "rows": rows}
 
 
 def node_defaults() -> dict:
@@ -382,6 +400,16 @@ def render_markdown(results: dict, image_dir: str = ".", heading: str = "#", hea
             f"`{s['command']}`: {s['setup']}. ToMA r: every block merged at ratio r, a plan built in every call; "
             "ideal r: the unpatched model on a video of D tokens; % of ideal = ToMA's speed-up / the ideal's.", "",
             *s["table"], ""]
+    s = sections.get("families")
+    if s is not None:
+        out += [f"{h2} DiT families: speed against the ideal", ""]
+        out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [
+            f"`{s['command']}`: {s['setup']}. ToMA: every block merged, a plan built in every call; ideal: the "
+            "unpatched model on D tokens.", "",
+            "| family | ratio | N | D | unpatched ms | ToMA ms | speed-up | ideal ms | ideal speed-up |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(f"| {r['family']} | {r['ratio']:g} | {r['tokens']:.0f} | {r['kept']:.0f} | {r['ms']:.1f} | {r['toma_ms']:.1f} | "
+              f"{r['speedup']:.2f}x | {r['ideal_ms']:.1f} | {r['ideal_speedup']:.2f}x |" for r in s["rows"]), ""]
     s = sections.get("core")
     if s is not None:
         out += [f"{h2} Core overhead (make_plan + merge + unmerge vs one block)", ""]
@@ -427,7 +455,7 @@ def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
     out = Path(args.out)
     sections: dict[str, dict] = {}
     comfy_error = None
-    if {"flux", "sdxl", "wan"} & set(args.sections):
+    if MODEL_SECTIONS & set(args.sections):
         try:
             info["comfyui"] = import_comfy(args)
         except RuntimeError as exc:
@@ -437,10 +465,12 @@ def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
             continue
         start = time.perf_counter()
         print(f"[run_all] {name} ...", flush=True)
-        if name in ("flux", "sdxl", "wan") and comfy_error:
+        if name in MODEL_SECTIONS and comfy_error:
             sections[name] = {"skipped": comfy_error}
         elif name == "wan":
             sections[name] = wan_section(args, preset)
+        elif name == "families":
+            sections[name] = families_section(args, preset)
         elif name == "core":
             sections[name] = core_section(args, preset)
         elif name == "tokens":

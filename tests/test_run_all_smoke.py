@@ -43,7 +43,7 @@ def test_run_all_smoke(tmp_path):
     skipped = sections["flux"].get("skipped")
     if skipped and "ComfyUI unavailable" in skipped:
         comfy_env.missing(skipped)
-    assert set(sections) == {"core", "flux", "sdxl", "wan", "tokens"}
+    assert set(sections) == {"core", "flux", "sdxl", "wan", "families", "tokens"}
     assert not any("skipped" in s for s in sections.values()), sections
     for family in ("flux", "sdxl"):
         rows = {r["config"]: r for r in sections[family]["rows"]}
@@ -61,6 +61,9 @@ def test_run_all_smoke(tmp_path):
     wan = {r["config"]: r for r in sections["wan"]["rows"]}
     assert wan["unpatched"]["speedup"] == pytest.approx(1.0)
     assert wan["ToMA 0.5"]["tokens"] < wan["unpatched"]["tokens"] and wan["ToMA 0.5"]["ms"] > 0
+    families = sections["families"]["rows"]
+    assert {r["family"] for r in families} == {"sd3", "qwen_image", "lumina2", "hunyuan_video", "hidream"}
+    assert all(r["kept"] < r["tokens"] and r["speedup"] > 0 for r in families)
     assert any(r["piece"] == "make_plan" for r in sections["core"]["rows"])
     assert {r["method"] for r in sections["tokens"]["records"]} >= {"toma", "tome", "pool2x2"}
     md = (tmp_path / "results.md").read_text()
