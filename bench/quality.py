@@ -2,6 +2,7 @@
 
     COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python bench/quality.py                 # every fixture
     python bench/quality.py --families flux --quick --out /tmp/q                       # smoke run
+    python bench/quality.py --combine /tmp/q_flux /tmp/q_sd15 --out /tmp/q             # one report of two runs
 
 Every row is a chain of nodes as a user wires them (Load -> ToMA -> EasyCache -> KSampler): the
 pack's ToMA nodes and ComfyUI's EasyCache, LazyCache and TomePatchModel, each called through its
@@ -30,7 +31,8 @@ do rows for other families (``only``) and node inputs the node rejects (ValueErr
 value "later" stands for the later half of the model's blocks (Flux: the second half of each
 stream; UNet: the output blocks).
 
-Outputs under --out: quality.json, quality.md, pareto_<family>.png, grid_<family>.png.
+Outputs under --out: quality.json, quality.md, pareto_<family>.png, grid_<family>.png (--combine
+writes the same from earlier runs' folders, without sampling).
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", choices=["auto", *CLOCKS], default="auto",
                    help="clock of the speed-ups (auto: cpu with one thread, else wall); both are recorded")
     p.add_argument("--out", type=Path, default=BENCH / "out" / "quality")
+    p.add_argument("--combine", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="no sampling: merge the --out folders of earlier runs (e.g. one per family) into --out")
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = 2 if args.quick else 5
@@ -490,8 +494,34 @@ def selected_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows + args.add
 
 
+def combine(folders: list[Path], out: Path) -> str:
+    """One report from the runs in `folders` (their quality.json and figures): families in order,
+    the setup line of the first run. Returns the Markdown written to out/quality.md."""
+    import shutil
+
+    import quality_report
+
+    runs = [json.loads((folder / "quality.json").read_text()) for folder in folders]
+    metas = [meta for run in runs for meta in run["families"]]
+    rows = [RowResult(**row) for run in runs for row in run["rows"]]
+    out.mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        for figure in folder.glob("*.png"):
+            if figure.parent.resolve() != out.resolve():
+                shutil.copy(figure, out / figure.name)
+    (out / "quality.json").write_text(json.dumps(
+        {"setup": runs[0]["setup"], "command": "; ".join(run["command"] for run in runs), "families": metas,
+         "rows": [asdict(r) for r in rows]}, indent=1))
+    table = quality_report.markdown(runs[0]["setup"], metas, rows)
+    (out / "quality.md").write_text(table)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.combine:
+        print(combine(args.combine, args.out))
+        return 0
     root = bench_common.import_comfy(args)
     torch.set_num_threads(args.threads)
     import trained

@@ -58,3 +58,11 @@ def test_quality_quick(comfy: Path, tmp_path: Path) -> None:
     assert f"## {family}" in (tmp_path / "quality.md").read_text()
     for name in (f"pareto_{family}.png", f"grid_{family}.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
+
+    combined = tmp_path / "combined"
+    command = [sys.executable, str(ROOT / "bench" / "quality.py"), "--combine", str(tmp_path), "--out", str(combined)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (combined / "quality.md").read_text() == (tmp_path / "quality.md").read_text()
+    assert json.loads((combined / "quality.json").read_text())["rows"] == data["rows"]
+    assert (combined / f"grid_{family}.png").is_file()
