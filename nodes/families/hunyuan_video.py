@@ -14,8 +14,10 @@ encodes it from the first picture by itself), the frames after it in t x h x w t
 Both block kinds write into their inputs in place (double: txt; single: the sequence, §11.1):
 the merged sequence is a fresh tensor and the delta is taken against our own copy.
 
-Refused per call (run unmerged, with the reason): the image-to-video "v2 (replace)" guidance
-(`guiding_frame_index`), whose first frame has its own modulation (`modulation_dims`).
+Image-to-video "v2 (replace)" guidance (`guiding_frame_index`) modulates frame 0 apart from the
+rest through `modulation_dims` [(0, h*w, 0), (h*w, None, 1)]: frame 0 is merged on its own, so the
+boundary moves to its merged count D0 ([(0, D0, 0), (D0, None, 1)]). A boundary inside a merged
+segment runs the block unmerged, with the reason.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Any
 
 import torch
 
-from ...toma_core.video import Segment
+from ...toma_core import MergePlan
+from ...toma_core.video import Segment, SegmentPlan
 from ..runtime import CallContext, CallGeometry
 from ..settings import ToMASettings
 from .common import require_block_scope
@@ -39,7 +42,8 @@ from .joint import Rows, merged_dit_block, tokens_match
 SLOT = "hunyuan_video"
 TILE_FRAMES = 2
 """Frames one tile spans after frame 0, unless the settings carry `tile_frames` (issue 12)."""
-TOKEN_REPLACE = "image-to-video token replace (first-frame modulation) is not merged"
+DIMS_KEYS = ("modulation_dims_img", "modulation_dims")
+"""Block arguments whose (start, end, index) spans cover the image tokens (double: img; single: [img; txt])."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +66,7 @@ class HunyuanAdapter(DitAdapter):
         frames = int(x.shape[2]) if x.ndim == 5 else 1
         ref = kwargs.get("ref_latent")
         refs = math.prod(ref.shape[2:-2]) * math.ceil(ref.shape[-2] / p) * math.ceil(ref.shape[-1] / p) if torch.is_tensor(ref) else 0
-        reason = TOKEN_REPLACE if kwargs.get("guiding_frame_index") is not None else None
-        return CallGeometry(math.ceil(x.shape[-2] / p), math.ceil(x.shape[-1] / p), text_len, refs, reason, frames)
+        return CallGeometry(math.ceil(x.shape[-2] / p), math.ceil(x.shape[-1] / p), text_len, refs, None, frames)
 
 
 def apply(model, settings: ToMASettings) -> HunyuanAdapter:
@@ -110,4 +113,33 @@ def _merged(args: dict, block: Callable[[dict], dict], ctx: CallContext, length:
     """The block on [ref; M video; rest]: pe rows and key-mask columns at R, the call's segments."""
     g, adapter = ctx.geometry, ctx.state.config.adapter
     segments = adapter.segments(g.frames)
-    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), length, segments)
+
+    def dims(plan: MergePlan) -> dict | str:
+        moved = {key: merged_dims(args[key], plan, g.extra_tokens) for key in DIMS_KEYS if args.get(key) is not None}
+        why = next((value for value in moved.values() if isinstance(value, str)), None)
+        return why or moved
+
+    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), length, segments, dims)
+
+
+def merged_dims(dims: list[tuple], plan: MergePlan, start: int) -> list[tuple] | str:
+    """modulation_dims spans (start, end|None, index) over a sequence whose image tokens [start,
+    start+N) merge with `plan` (a SegmentPlan): each boundary moves to the merged position. A
+    boundary inside a merged segment has none: the reason is returned."""
+    n, d = plan.num_tokens, plan.num_kept
+    parts = plan.parts if isinstance(plan, SegmentPlan) else [plan]
+    bounds, tokens, kept = {start: start}, start, start
+    for part in parts:
+        tokens, kept = tokens + part.num_tokens, kept + part.num_kept
+        bounds[tokens] = kept
+
+    def move(b: int | None) -> int | None | str:
+        if b is None or b <= start:
+            return b
+        if b in bounds:
+            return bounds[b]
+        return b - n + d if b >= start + n else f"modulation boundary {b} inside a merged frame segment"
+
+    spans = [(move(a), move(b), index) for a, b, index in dims]
+    why = next((v for span in spans for v in span[:2] if isinstance(v, str)), None)
+    return why or spans

@@ -82,6 +82,7 @@ def run_merged(
     ctx: CallContext, slot: str, seq: torch.Tensor, start: int, args: dict, tables: tuple[Rows, ...],
     length: int, call: Callable[[torch.Tensor, dict], object], output: Callable[[object], torch.Tensor],
     rebuild: Callable[[object, torch.Tensor], object], segments: tuple[Segment, ...] | None = None,
+    more: Callable[[MergePlan], dict | str] | None = None,
 ) -> tuple[bool, object]:
     """Run a block on merged image tokens.
 
@@ -89,13 +90,17 @@ def run_merged(
     the per-token tables. call(seq_m, tables) runs the block on the merged sequence with the
     gathered tables; output(out) picks the merged sequence from its result; rebuild(out, seq')
     puts the unmerged sequence back. segments: the frame segments of a video grid (None: one
-    plan over the whole grid). Returns (False, reason) when a table has another layout (nothing
-    ran), else (True, the rebuilt result).
+    plan over the whole grid). more(plan): further merged arguments for the block, or a reason
+    not to merge. Returns (False, reason) when a table has another layout (nothing ran), else
+    (True, the rebuilt result).
     """
     n = ctx.geometry.tokens
     image = seq[:, start:start + n]
     plan = image_plan(ctx, slot, image) if segments is None else segment_plan(ctx, slot, segments, image)
     merged = merge_tables(args, tables, plan, length)
+    if more is not None and not isinstance(merged, str):
+        extra = more(plan)
+        merged = extra if isinstance(extra, str) else merged | extra
     if isinstance(merged, str):
         return False, merged
     x, x_m, seq_m = merge_span(seq, start, n, plan)
@@ -106,7 +111,7 @@ def run_merged(
 
 def merged_dit_block(
     args: dict, block: Callable[[dict], dict], ctx: CallContext, slot: str, start: int, tables: tuple[Rows, ...], length: int,
-    segments: tuple[Segment, ...] | None = None,
+    segments: tuple[Segment, ...] | None = None, more: Callable[[MergePlan], dict | str] | None = None,
 ) -> dict:
     """run_merged for a dit replace key whose args["img"] holds the image span at `start`."""
     done, out = run_merged(
@@ -114,7 +119,7 @@ def merged_dit_block(
         call=lambda seq_m, merged: block(dict(args, img=seq_m, **merged)),
         output=lambda result: result["img"],
         rebuild=lambda result, img: dict(result, img=img),
-        segments=segments,
+        segments=segments, more=more,
     )
     if done:
         return out

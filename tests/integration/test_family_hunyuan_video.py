@@ -105,13 +105,30 @@ def test_reference_latent_tokens_pass_through(hunyuan: Any, tiny: Any, toma: Any
     assert fc.rel(out, base) > 1e-3
 
 
-def test_token_replace_guidance_runs_unmerged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+def test_token_replace_guidance_merges_frame_zero_apart(hunyuan: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """"v2 (replace)" image-to-video: frame 0 has its own modulation (modulation_dims); at cfg 1
+    (ComfyUI's apply_mod fails at batch 2) every block merges and ratio 0 stays exact."""
     caplog.set_level("INFO")
     pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, guiding_frame_index=0)
     neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT, guiding_frame_index=0)
-    base = fc.sample(tiny, hunyuan, LATENT, pos, neg, cfg=1.0)
-    assert torch.equal(fc.sample(tiny, fc.patch(toma, hunyuan, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
-    assert "2 calls image-to-video token replace (first-frame modulation) is not merged" in fc.summary(caplog)
+    fc.check_ratio_zero(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
+    assert merged == REFINER + [96 + TEXT] * 4
+    assert fc.rel(out, base) > 1e-3
+    line = fc.summary(caplog)
+    assert "4 block runs merged" in line and "unmerged: none" in line
+
+
+def test_modulation_spans_follow_the_merge(toma: Any) -> None:
+    """Boundaries at segment ends move to the merged counts; one inside a segment is refused."""
+    hunyuan_video = fc.pack_module("nodes.families.hunyuan_video")
+    video = fc.pack_module("toma_core.video")
+    segments = [video.Segment(1), video.Segment(2, tile_frames=2)]
+    plan = video.make_video_plan(torch.randn(1, 3 * 64, 8), segments, 8, 8, 0.5, 4)
+    d0, d = plan.parts[0].num_kept, plan.num_kept
+    assert hunyuan_video.merged_dims([(0, 64, 0), (64, None, 1)], plan, 0) == [(0, d0, 0), (d0, None, 1)]
+    assert hunyuan_video.merged_dims([(0, 10, 0), (10, 3 * 64 + 15, 1)], plan, 10) == [(0, 10, 0), (10, d + 15, 1)]
+    assert "inside a merged frame segment" in hunyuan_video.merged_dims([(0, 32, 0)], plan, 0)
 
 
 def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
