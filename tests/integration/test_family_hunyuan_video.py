@@ -131,6 +131,18 @@ def test_modulation_spans_follow_the_merge(toma: Any) -> None:
     assert "inside a merged frame segment" in hunyuan_video.merged_dims([(0, 32, 0)], plan, 0)
 
 
+def test_hunyuan_image_2_1(tiny: Any, toma: Any) -> None:
+    """HunyuanImage 2.1: the same class on a 4-D latent with a 1 x 1 patch (8 x 8 latent = 64 tokens)."""
+    model = tiny_dits.build_hunyuan_image()
+    gen = torch.Generator().manual_seed(1)
+    pos, neg = ([[torch.randn(1, TEXT, 32, generator=gen), {"guidance": 3.5}]] for _ in range(2))
+    fc.check_ratio_zero(tiny, toma, model, (1, 64, 8, 8), pos, neg)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, model, (1, 64, 8, 8), pos, neg)
+    assert plain == REFINER + [64 + TEXT] * 4 and merged == REFINER + [32 + TEXT] * 4
+    assert fc.rel(out, base) > 1e-3
+    fc.check_clone_untouched(tiny, toma, model, (1, 64, 8, 8), pos, neg)
+
+
 def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
     fc.check_clone_untouched(tiny, toma, hunyuan, LATENT, *conds)
 

@@ -98,6 +98,14 @@ def build_hidream(seed: int = 0, **overrides: Any) -> Any:
     return build(comfy.supported_models.HiDream, hidream_config(**overrides), seed)
 
 
+def build_hunyuan_image(seed: int = 0) -> Any:
+    """HunyuanImage 2.1 (the HunyuanVideo class with a 2-D 1 x 1 patch, 64 latent channels, no pooled vector)."""
+    import comfy.supported_models
+
+    config = hunyuan_config(patch_size=[1, 1], vec_in_dim=None, in_channels=64, out_channels=64, axes_dim=[8, 8])
+    return build(comfy.supported_models.HunyuanImage21, config, seed)
+
+
 def conditioning(family: str, seed: int, text_len: int = 12, **extras: Any) -> list[list[Any]]:
     """Batch-1 CONDITIONING for a tiny model of `family`; extras go into its dict (e.g.
     reference_latents for Qwen-Image-Edit)."""
