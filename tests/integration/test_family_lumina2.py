@@ -86,3 +86,25 @@ def test_reapplying_replaces_and_selects_layers(lumina: Any, tiny: Any, toma: An
     merged, lengths = fc.lengths_of(twice)
     fc.sample(tiny, merged, LATENT, *conds, steps=1)
     assert lengths == REFINER + [TEXT + 64, TEXT + 32, TEXT + 64]
+
+
+def test_another_packs_layer_patch_runs_on_merged_tokens(lumina: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    """A foreign object patch on layers.1 stays in the chain (re-applying ToMA keeps it) and runs
+    on the merged sequence; at ratio 0 the output is the foreign-patched model's, bit for bit."""
+    layer = lumina.model.diffusion_model.layers[1]
+    seen: list[int] = []
+
+    def foreign(x, *args, **kwargs):
+        seen.append(x.shape[1])
+        return type(layer).forward(layer, x, *args, **kwargs)
+
+    patched = lumina.clone()
+    patched.add_object_patch("diffusion_model.layers.1.forward", foreign)
+    base = fc.sample(tiny, patched, LATENT, *conds, steps=1)
+    assert seen == [TEXT + 64]
+    twice = fc.patch(toma, fc.patch(toma, patched, blocks="all"), blocks="all")
+    assert getattr(twice.object_patches["diffusion_model.layers.1.forward"], "toma_foreign") is foreign
+    fc.sample(tiny, twice, LATENT, *conds, steps=1)
+    assert seen[1:] == [TEXT + 32]
+    zero = fc.patch(toma, patched, ratio=0.0, blocks="all")
+    assert torch.equal(fc.sample(tiny, zero, LATENT, *conds, steps=1), base)
