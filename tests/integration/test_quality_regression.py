@@ -40,7 +40,7 @@ def test_record_is_for_the_current_defaults(record: dict[str, Any]) -> None:
     assert sorted(record["families"]) == sorted(trained.available())
 
 
-@pytest.mark.parametrize("family", ["flux", "sdxl"])
+@pytest.mark.parametrize("family", ["flux", "sdxl", "sd15"])
 def test_default_psnr_does_not_drop(record: dict[str, Any], family: str) -> None:
     import quality_baseline
 
