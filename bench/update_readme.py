@@ -30,13 +30,15 @@ HEADING = "## Results"
 QUALITY_HEADING = "## Quality"
 
 QUALITY_INTRO = """\
-Image quality is measured on small models **trained** here on natural-image crops (ComfyUI's own Flux
-and SDXL classes; fixtures/README.md says how they were made), sampled through ComfyUI's sampler with
+Image quality is measured on small models **trained** here on natural-image crops (ComfyUI's own Flux,
+SDXL and SD1.5 classes; fixtures/README.md says how they were made), sampled through ComfyUI's sampler with
 the nodes wired as a user wires them, against the unpatched model at the same seed and step count.
 Each ToMA row is compared with what a user can do instead at the same time saving: **fewer steps**
 (and the core EasyCache / LazyCache nodes). These fixtures are tiny (about 1,000 image tokens), so
 the speed-ups are smaller than on Flux.1 / SDXL at 1024 px (see Results); the quality comparison at
-equal speed-up is what this section is for. This section is written from the run's quality.md by
+equal speed-up is what this section is for. The SD1.5 fixture (32 px, 1.5M parameters, 30 ms a step)
+is too small for any token merging to save time (ToMA and ComfyUI's ToMe both run at about 1.0x
+there): read its rows for quality, and ComfyUI's ToMe beside ToMA. This section is written from the run's quality.md by
 `bench/update_readme.py --quality`."""
 
 INTRO = """\
@@ -90,8 +92,12 @@ def quality_section(src: Path, image_dir: str) -> str:
     """The Quality section: intro, the command, then quality.md one heading level down, each
     family's Pareto plot and image grid after its tables."""
     meta = json.loads((src / "quality.json").read_text())
-    lines = [QUALITY_HEADING, "", QUALITY_INTRO, "", "```bash", f"COMFYUI_PATH=/path/to/ComfyUI python {meta['command']}",
-             "python bench/update_readme.py --quality bench/out/quality   # this section", "```", ""]
+    runs = meta["command"].split("; ")  # several when the folder was made by quality.py --combine
+    lines = [QUALITY_HEADING, "", QUALITY_INTRO, "", "```bash",
+             *(f"COMFYUI_PATH=/path/to/ComfyUI python {command}" for command in runs)]
+    if len(runs) > 1:
+        lines.append("python bench/quality.py --combine <the --out folders above> --out bench/out/quality")
+    lines += ["python bench/update_readme.py --quality bench/out/quality   # this section", "```", ""]
     body = (src / "quality.md").read_text().split("\n## ")
     lines.append(body[0].split("\n", 1)[1].strip())  # the setup line, without quality.md's own title
     for chunk in body[1:]:
