@@ -14,8 +14,9 @@ from .settings import NODE_START_PERCENT, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE
 
 CATEGORY = "model_patches/ToMA"
 DESCRIPTION = (
-    "Speeds up Flux-family and SDXL/SD1.5 models by running their transformer blocks on fewer, "
-    "merged image tokens (ToMA token merging) and spreading each block's change back to every token."
+    "Speeds up Flux-family, SDXL/SD1.5, SD3, Qwen-Image, Lumina2, HiDream, Wan and HunyuanVideo models by "
+    "running their transformer blocks on fewer, merged image tokens (ToMA token merging) and spreading "
+    "each block's change back to every token."
 )
 OUTPUT_TOOLTIP = "The model with ToMA token merging; the input model is left unchanged."
 
@@ -23,7 +24,8 @@ OUTPUT_TOOLTIP = "The model with ToMA token merging; the input model is left unc
 def basic_inputs() -> list:
     """Inputs shared by both nodes, in the order of issue 3 point 1."""
     return [
-        io.Model.Input("model", tooltip="The diffusion model to speed up (Flux, Flux Kontext/Fill, Chroma, SDXL, SD1.5)."),
+        io.Model.Input("model", tooltip="The diffusion model to speed up (Flux, Flux Kontext/Fill, Chroma, SDXL, SD1.5, "
+                       "SD3/SD3.5, Qwen-Image(-Edit), Lumina2, HiDream, Wan, HunyuanVideo)."),
         io.Float.Input(
             "ratio", default=0.5, min=RATIO_RANGE[0], max=RATIO_RANGE[1], step=0.05,
             tooltip="Share of image tokens merged away inside the merged blocks. Higher is faster and "
@@ -85,7 +87,8 @@ def advanced_inputs() -> list:
         io.String.Input(
             "blocks", default="auto",
             tooltip="Blocks that merge: 'auto' (recommended per model), 'all', or a list such as "
-            "'double:5-18,single:5-37' (Flux) or 'input:4-8,middle,output:0-5' (UNet).",
+            "'double:5-18,single:5-37' (Flux, HunyuanVideo, HiDream), 'double:5-59' (Qwen-Image, SD3), "
+            "'layers:5-25' (Lumina2), 'blocks:5-39' (Wan) or 'input:4-8,middle,output:0-5' (UNet).",
         ),
         io.Int.Input(
             "min_tokens", default=0, min=0, max=1 << 20,
