@@ -98,10 +98,9 @@ def patch(patcher, ratio: float, tile_frames: int, args: argparse.Namespace):
 
     settings = pack_module("nodes.settings")
     patching = pack_module("nodes.patching")
-    options = {"tile_frames": tile_frames} if "tile_frames" in settings.ToMASettings.__dataclass_fields__ else {}
-    if not options:
-        pack_module("nodes.families.wan").TILE_FRAMES = tile_frames
-    return patching.patch_model(patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", **options))
+    return patching.patch_model(
+        patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", tile_frames=tile_frames),
+    )
 
 
 def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) -> dict[str, float]:
@@ -120,7 +119,7 @@ def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) 
 def default_tile_frames() -> int:
     from pack import pack_module
 
-    return pack_module("nodes.families.wan").TILE_FRAMES
+    return pack_module("nodes.settings").NODE_TILE_FRAMES
 
 
 def kept_tokens(ratio: float, tile_frames: int, args: argparse.Namespace) -> int:

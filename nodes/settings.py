@@ -34,6 +34,13 @@ TILE_SIZE_RANGE = (2, 32)
 """Tile 1 would keep every token (one token per tile): a silent no-op, so it is refused."""
 TEMPERATURE_RANGE = (0.0, 1.0)
 MIN_TOKENS_RANGE = (0, 1 << 20)
+TILE_FRAMES_RANGE = (1, 16)
+
+NODE_TILE_FRAMES = 2
+"""Latent frames a video tile spans by default (issue 12; video families only). bench/video_fidelity.py
+(camera pans over photographs, ratio 0.5): 2 frames merged with a lower attention error than 1 at
+every pan speed, 3-4 gained little more and lost at fast pans with ratio 0.75; bench/bench_wan.py:
+1 and 2 run at the same speed. A proxy on photographs, not on a trained video model."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,8 @@ class ToMASettings:
     tile keeps the same share, as in the paper; "adaptive": the same total per sample, shared out
     by content). proportional_attention: add log(cluster size) to each merged key's attention
     logits (Flux family only). scope: one of SCOPES. verbose: log per-call detail. unmerge: one of
-    toma_core.UNMERGES (how a merged block's result returns to N tokens).
+    toma_core.UNMERGES (how a merged block's result returns to N tokens). tile_frames: latent
+    frames a tile spans in video models (Wan); image models ignore it.
     """
 
     ratio: float = 0.5
@@ -65,12 +73,14 @@ class ToMASettings:
     scope: str = "block"
     verbose: bool = False
     unmerge: str = "delta"
+    tile_frames: int = NODE_TILE_FRAMES
 
     def __post_init__(self) -> None:
         _check_range("ratio", self.ratio, *RATIO_RANGE, "share of image tokens merged away")
         _check_int("tile_size", self.tile_size, *TILE_SIZE_RANGE, "tokens per tile side")
         _check_int("min_tokens", self.min_tokens, *MIN_TOKENS_RANGE, "image tokens; 0 = always merge")
         _check_range("temperature", self.temperature, *TEMPERATURE_RANGE, "0 = hard assignment")
+        _check_int("tile_frames", self.tile_frames, *TILE_FRAMES_RANGE, "latent frames per video tile")
         if not isinstance(self.schedule, MergeSchedule):
             raise ValueError(f"schedule={self.schedule!r} must be a toma_core.MergeSchedule")
         if self.similarity not in SIMILARITIES:

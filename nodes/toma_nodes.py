@@ -10,7 +10,9 @@ from comfy_api.latest import io
 
 from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
 from .patching import patch_model
-from .settings import NODE_START_PERCENT, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_SIZE_RANGE, ToMASettings
+from .settings import (
+    NODE_START_PERCENT, NODE_TILE_FRAMES, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
+)
 
 CATEGORY = "model_patches/ToMA"
 DESCRIPTION = (
@@ -131,6 +133,16 @@ def advanced_inputs() -> list:
     ]
 
 
+def tile_frames_input() -> io.Int.Input:
+    """Last on the advanced node (issue 12): saved workflows keep their positional widget values."""
+    return io.Int.Input(
+        "tile_frames", default=NODE_TILE_FRAMES, min=TILE_FRAMES_RANGE[0], max=TILE_FRAMES_RANGE[1],
+        tooltip="Video models (Wan): latent frames a merge tile spans (tiles are tile_size x tile_size "
+        "tokens x this many frames). 2 lets a token merge with its neighbour in the next frame; 1 "
+        "merges within each frame only. Frame 0 never merges with later frames. Image models ignore it.",
+    )
+
+
 def build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, **advanced) -> ToMASettings:
     """ToMASettings from node inputs (ValueError naming the bad value and its range)."""
     schedule = MergeSchedule(float(start_percent), float(end_percent), recompute_every, merge_every)
@@ -164,20 +176,20 @@ class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return node_schema(
-            "ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input(), unmerge_input()],
+            "ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input(), unmerge_input(), tile_frames_input()],
         )
 
     @classmethod
     def execute(
         cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
         blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, merge_every,
-        unmerge,
+        unmerge, tile_frames=NODE_TILE_FRAMES,
     ) -> io.NodeOutput:
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, blocks=blocks,
             min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
             budget=budget, proportional_attention=bool(proportional_attention), scope=scope,
-            verbose=bool(verbose), unmerge=unmerge,
+            verbose=bool(verbose), unmerge=unmerge, tile_frames=int(tile_frames),
         )
         return io.NodeOutput(patch_model(model, settings))
 

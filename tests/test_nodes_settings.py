@@ -28,6 +28,8 @@ def test_defaults_are_valid_and_match_issue():
         ({"tile_size": 1}, ["tile_size=1", "[2, 32]"]),
         ({"tile_size": 2.5}, ["tile_size=2.5"]),
         ({"min_tokens": -1}, ["min_tokens=-1"]),
+        ({"tile_frames": 0}, ["tile_frames=0", "[1, 16]"]),
+        ({"tile_frames": 17}, ["tile_frames=17", "[1, 16]"]),
         ({"temperature": -1.0}, ["temperature=-1.0"]),
         ({"similarity": "dot"}, ["similarity='dot'", "cosine"]),
         ({"budget": "global"}, ["budget='global'", "tile", "adaptive"]),

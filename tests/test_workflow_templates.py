@@ -18,7 +18,7 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 MAX_THUMBNAIL_BYTES = 300_000
 
 BASIC_WIDGETS = 6  # ratio, tile_size, start_percent, end_percent, recompute_every, merge_every
-ADVANCED_WIDGETS = BASIC_WIDGETS + 8  # blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose
+ADVANCED_WIDGETS = BASIC_WIDGETS + 10  # blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, unmerge, tile_frames
 WIDGET_COUNTS = {"ToMAPatch": BASIC_WIDGETS, "ToMAPatchAdvanced": ADVANCED_WIDGETS}
 
 

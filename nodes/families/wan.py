@@ -48,10 +48,6 @@ from .merge import features
 log = logging.getLogger(__name__)
 
 PLAN_SLOT = "wan"
-TILE_FRAMES = 2
-"""Frames a tile spans (issue 12). bench/video_fidelity.py (camera pans over photographs, ratio 0.5):
-2 frames merge with a lower attention error than 1 at every pan speed, 3-4 gain little more and
-lose at fast pans with ratio 0.75; bench/bench_wan.py: 1 and 2 run at the same speed."""
 
 Block = Callable[[dict], dict]
 S2V_REASON = "Wan S2V (WanModel_S2V): blocks get no transformer_options and a per-segment modulation"
@@ -143,9 +139,9 @@ def apply(model, settings: ToMASettings) -> WanAdapter:
     if variant == "vace":
         blocks += " (VACE blocks unmerged)"
         log.info("ToMA [wan]: VACE blocks run outside the block keys at full token count and stay unmerged")
-    tile_frames = getattr(settings, "tile_frames", TILE_FRAMES)
     return WanAdapter(
-        "wan", blocks, chosen.count, tuple(dm.patch_size), variant, getattr(dm, "ref_conv", None) is not None, tile_frames,
+        "wan", blocks, chosen.count, tuple(dm.patch_size), variant, getattr(dm, "ref_conv", None) is not None,
+        settings.tile_frames,
     )
 
 

@@ -323,7 +323,7 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert advanced.display_name == "ToMA Patch (Advanced)"
     assert [i.id for i in advanced.inputs][6:] == [  # merge_every last: saved workflows keep their values
         "blocks", "min_tokens", "similarity", "temperature", "budget", "proportional_attention", "scope", "verbose",
-        "merge_every", "unmerge",
+        "merge_every", "unmerge", "tile_frames",
     ]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description

@@ -58,26 +58,15 @@ def self_attention_lengths(calls: list, text_len: int) -> list[int]:
     return [q for _, q, k in calls if q == k and k != text_len]
 
 
-def adapter_tile_frames() -> int:
-    from pack import pack_module
-
-    return pack_module("nodes.families.wan").TILE_FRAMES
-
-
-def set_tile_frames(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
-    from pack import pack_module
-
-    monkeypatch.setattr(pack_module("nodes.families.wan"), "TILE_FRAMES", frames)
-
-
 def kept_tokens(toma: Any, frames: int, height: int, width: int, ratio: float = 0.5, tile: int = 4) -> int:
-    """D of a video whose frame 0 (spatial tiles) and frames 1.. (tiles of the adapter's
+    """D of a video whose frame 0 (spatial tiles) and frames 1.. (tiles of the settings' default
     tile_frames) are separate segments."""
     grid = toma.core.TileGrid
     first = grid(height, width, tile, ratio).num_kept
     if frames == 1:
         return first
-    return first + grid(height, width, tile, ratio, frames=frames - 1, tile_frames=adapter_tile_frames()).num_kept
+    tile_frames = toma.settings.ToMASettings().tile_frames
+    return first + grid(height, width, tile, ratio, frames=frames - 1, tile_frames=tile_frames).num_kept
 
 
 def record_plans(model: Any, block: int = 0) -> tuple[Any, list]:
@@ -177,16 +166,10 @@ def frame_zero_is_pure(plan: Any, frames: int, per_frame: int, first: int = 0) -
     return bool(((merged - merged.round()).abs() < 1e-5).all()) and bool((merged > 0.5).any())
 
 
-@pytest.fixture(params=[1, 3], ids=["tile_frames1", "tile_frames3"])
-def tile_frames(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Frames per tile of the Wan adapter for this test."""
-    set_tile_frames(monkeypatch, request.param)
-    return request.param
-
-
+@pytest.mark.parametrize("tile_frames", [1, 3])
 def test_i2v_frame_zero_never_merges_with_noisy_frames(wan: Any, tiny: Any, toma: Any, tile_frames: int) -> None:
     model = wan.build_wan("i2v")
-    recorder, found = record_plans(patch(toma, model))
+    recorder, found = record_plans(patch(toma, model, tile_frames=tile_frames))
     run(wan, tiny, recorder)
     assert found
     for plan, x, _, _ in found:
@@ -195,16 +178,15 @@ def test_i2v_frame_zero_never_merges_with_noisy_frames(wan: Any, tiny: Any, toma
         assert (plan.frame_counts is None) == (tile_frames > 1)
 
 
-def test_ti2v_per_frame_modulation_is_exact(wan: Any, tiny: Any, toma: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ti2v_per_frame_modulation_is_exact(wan: Any, tiny: Any, toma: Any) -> None:
     """Wan 2.2-5B under a first-frame noise mask: vec is per frame (B, F, 6, C); with spatial
     tiles the merged tokens are frame-major with equal counts, so the block's own per-frame
     expansion gives the same output as an explicit per-merged-token vec (B, D, 6, C), bit for bit."""
     import comfy.ldm.wan.model
 
-    set_tile_frames(monkeypatch, 1)
     model = wan.build_wan("ti2v")
     latent = latent_of(wan, model)
-    recorder, found = record_plans(patch(toma, model))
+    recorder, found = record_plans(patch(toma, model, tile_frames=1))
     run(wan, tiny, recorder, noise_mask=wan.first_frame_mask(latent))
     assert found
     for plan, x, e, freqs in found:
@@ -219,13 +201,11 @@ def test_ti2v_per_frame_modulation_is_exact(wan: Any, tiny: Any, toma: Any, monk
 
 
 @pytest.mark.parametrize("options", [{"budget": "adaptive"}, {"tile_frames": 2}])
-def test_ti2v_unequal_frame_counts_get_a_per_token_vec(wan: Any, tiny: Any, toma: Any, options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ti2v_unequal_frame_counts_get_a_per_token_vec(wan: Any, tiny: Any, toma: Any, options: dict) -> None:
     """Per-sample budgets or tiles across frames: each merged token gets its destination frame's
     modulation row, and frame 0 (timestep 0) still never merges with the noisy frames."""
-    options = dict(options)
-    set_tile_frames(monkeypatch, options.pop("tile_frames", 1))
     model = wan.build_wan("ti2v")
-    recorder, found = record_plans(patch(toma, model, **options))
+    recorder, found = record_plans(patch(toma, model, **({"tile_frames": 1} | options)))
     out = run(wan, tiny, recorder, noise_mask=wan.first_frame_mask(latent_of(wan, model)))
     assert found and torch.isfinite(out).all()
     for plan, x, e, _ in found:
@@ -312,3 +292,18 @@ def test_compile_clean_under_torch_compile(wan: Any, tiny: Any, toma: Any, t2v: 
     outputs, graphs, breaks = compiled_runs(patched, tiny, runs=2, latent=LATENT, steps=4, **cond)
     assert graphs == [2, 0] and breaks == 0
     assert rel(outputs[0], tiny.sample(patched, LATENT, steps=4, **cond)) < 1e-5
+
+
+def test_advanced_node_tile_frames_reaches_the_wan_plan(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    """tile_frames is the Advanced node's last input; the basic node keeps the settings' default."""
+    nodes = toma.nodes
+    assert [i.id for i in nodes.ToMAPatchAdvanced.define_schema().inputs][-1] == "tile_frames"
+    assert "tile_frames" not in [i.id for i in nodes.ToMAPatch.define_schema().inputs]
+    out = nodes.ToMAPatchAdvanced.execute(
+        t2v, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001, budget="tile",
+        proportional_attention=False, scope="block", verbose=False, merge_every=1, unmerge="delta", tile_frames=4,
+    )
+    recorder, found = record_plans(out.result[0])
+    run(wan, tiny, recorder, steps=1)
+    segments = [part.grid.tt for part in found[0][0].parts if hasattr(part, "grid")]
+    assert segments == [1, 4]  # frame 0 alone, frames 1-4 in one tile depth
