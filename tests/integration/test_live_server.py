@@ -66,7 +66,10 @@ def expected() -> dict[str, Any]:
             "verbose": ("BOOLEAN", defaults.verbose, None, None),
         },
         "last": {"merge_every": ("INT", schedule.merge_every, 1, None)},  # appended: saved workflows keep their values
-        "advanced_last": {"unmerge": ("COMBO", defaults.unmerge, tuple(core.UNMERGES), None)},
+        "advanced_last": {
+            "unmerge": ("COMBO", defaults.unmerge, tuple(core.UNMERGES), None),
+            "tile_frames": ("INT", defaults.tile_frames, *settings.TILE_FRAMES_RANGE),
+        },
     }
 
 
