@@ -37,7 +37,7 @@ MIN_TOKENS_RANGE = (0, 1 << 20)
 TILE_FRAMES_RANGE = (1, 16)
 
 NODE_TILE_FRAMES = 2
-"""Latent frames a video tile spans by default (issue 12; video families only). bench/video_fidelity.py
+"""Latent frames a video tile spans by default (issue 12; Wan and HunyuanVideo). bench/video_fidelity.py
 (camera pans over photographs, ratio 0.5): 2 frames merged with a lower attention error than 1 at
 every pan speed, 3-4 gained little more and lost at fast pans with ratio 0.75; bench/bench_wan.py:
 1 and 2 run at the same speed. A proxy on photographs, not on a trained video model."""
@@ -58,7 +58,7 @@ class ToMASettings:
     by content). proportional_attention: add log(cluster size) to each merged key's attention
     logits (Flux family only). scope: one of SCOPES. verbose: log per-call detail. unmerge: one of
     toma_core.UNMERGES (how a merged block's result returns to N tokens). tile_frames: latent
-    frames a tile spans in video models (Wan); image models ignore it.
+    frames a tile spans in video models (Wan, HunyuanVideo); image models ignore it.
     """
 
     ratio: float = 0.5

@@ -137,7 +137,7 @@ def tile_frames_input() -> io.Int.Input:
     """Last on the advanced node (issue 12): saved workflows keep their positional widget values."""
     return io.Int.Input(
         "tile_frames", default=NODE_TILE_FRAMES, min=TILE_FRAMES_RANGE[0], max=TILE_FRAMES_RANGE[1],
-        tooltip="Video models (Wan): latent frames a merge tile spans (tiles are tile_size x tile_size "
+        tooltip="Video models (Wan, HunyuanVideo): latent frames a merge tile spans (tiles are tile_size x tile_size "
         "tokens x this many frames). 2 lets a token merge with its neighbour in the next frame; 1 "
         "merges within each frame only. Frame 0 never merges with later frames. Image models ignore it.",
     )
