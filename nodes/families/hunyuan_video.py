@@ -10,7 +10,7 @@ destinations' pe rows and mask columns; the text and its mask pass through.
 Video latents (B, C, T, H, W) give N = T * ceil(H / 2) * ceil(W / 2) tokens, t-major. They are
 merged with issue 12's spatio-temporal plans (toma_core.video): frame 0 alone (the causal VAE
 encodes it from the first picture by itself), the frames after it in t x h x w tiles of
-`tile_frames` frames (TILE_FRAMES, as Wan). Modulation is per sample, so tiles may span frames.
+`tile_frames` frames (the setting Wan reads too). Modulation is per sample, so tiles may span frames.
 Both block kinds write into their inputs in place (double: txt; single: the sequence, §11.1):
 the merged sequence is a fresh tensor and the delta is taken against our own copy.
 
@@ -32,7 +32,7 @@ import torch
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment, SegmentPlan
 from ..runtime import CallContext, CallGeometry
-from ..settings import ToMASettings
+from ..settings import NODE_TILE_FRAMES, ToMASettings
 from .common import require_block_scope
 from .dit_blocks import parse_flux_blocks
 from .geometry import DitAdapter, text_length
@@ -40,8 +40,6 @@ from .hooks import block_context, install_dit_hooks
 from .joint import Rows, merged_dit_block, tokens_match
 
 SLOT = "hunyuan_video"
-TILE_FRAMES = 2
-"""Frames one tile spans after frame 0, unless the settings carry `tile_frames` (issue 12)."""
 DIMS_KEYS = ("modulation_dims_img", "modulation_dims")
 """Block arguments whose (start, end, index) spans cover the image tokens (double: img; single: [img; txt])."""
 
@@ -51,7 +49,7 @@ class HunyuanAdapter(DitAdapter):
     """Geometry of a HunyuanVideo call: frames x h x w video tokens, R reference tokens before them.
     tile_frames: frames one tile spans after frame 0."""
 
-    tile_frames: int = TILE_FRAMES
+    tile_frames: int = NODE_TILE_FRAMES
 
     def segments(self, frames: int) -> tuple[Segment, ...]:
         """Frame 0 alone, then the other frames (t x h x w tiles)."""
@@ -76,8 +74,7 @@ def apply(model, settings: ToMASettings) -> HunyuanAdapter:
     sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
     install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
-    tile_frames = getattr(settings, "tile_frames", TILE_FRAMES)
-    return HunyuanAdapter("hunyuan_video", blocks.describe(), blocks.count, int(dm.patch_size[-1]), None, tile_frames)
+    return HunyuanAdapter("hunyuan_video", blocks.describe(), blocks.count, int(dm.patch_size[-1]), None, settings.tile_frames)
 
 
 def _tables(start: int) -> tuple[Rows, ...]:
