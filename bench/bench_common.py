@@ -23,6 +23,11 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+"""The benches' --clock choices. cpu: this process's CPU time, which waiting for a core shared with
+other jobs does not inflate (with one torch thread it is about the wall time the call would take
+alone); wall: elapsed time (the only meaningful clock on a GPU)."""
+
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """--device and --dtype."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+    p.add_argument("--clock", default="wall", choices=list(bench_common.CLOCKS),
                    help="cpu: this process's CPU time (with --threads 1, robust to other jobs on a shared machine)")
     bench_common.add_kernel_args(p)
     args = p.parse_args(argv)
@@ -136,7 +135,7 @@ def median_ms(calls: dict[str, tuple[object, Callable[[], torch.Tensor]]], args:
     for round_index in range(args.warmup + args.repeats):
         for name, (patcher, fn) in calls.items():
             comfy.model_management.load_models_gpu([patcher])
-            ms = bench_common.timed_ms(fn, args, time.process_time if args.clock == "cpu" else time.perf_counter)
+            ms = bench_common.timed_ms(fn, args, bench_common.CLOCKS[args.clock])
             if round_index >= args.warmup:
                 times[name].append(ms)
     return {name: statistics.median(values) for name, values in times.items()}

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -51,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=3, help="timed calls per configuration and round")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+    p.add_argument("--clock", default="wall", choices=list(bench_common.CLOCKS),
                    help="wall: elapsed time; cpu: this process's CPU time (with --threads 1, robust to other "
                    "processes on a shared machine)")
     bench_common.add_kernel_args(p)
@@ -130,8 +129,7 @@ def time_calls(patcher, call: Callable[[], torch.Tensor], args: argparse.Namespa
     out = call()
     if not torch.isfinite(out).all():
         print("warning: non-finite model output", file=sys.stderr)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    return [bench_common.timed_ms(call, args, clock) for _ in range(args.calls)]
+    return [bench_common.timed_ms(call, args, bench_common.CLOCKS[args.clock]) for _ in range(args.calls)]
 
 
 def round_robin(configs: dict[str, object], calls: dict[str, Callable[[], torch.Tensor]],

@@ -21,18 +21,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 import bench_common  # (puts tests/ and tests/integration/ on sys.path)
-from bench_common import DTYPES
+from bench_common import CLOCKS, DTYPES
 from bench_flux import ideal_grid, import_comfy
-
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-"""cpu: this process's CPU time, which other processes on a shared machine do not inflate (with one
-thread it is the call's compute time); wall: elapsed time (the only meaningful clock on a GPU)."""
 
 WAN_14B = {"dim": 5120, "heads": 40, "ffn": 13824, "depth": 40, "frames": 21, "height": 30, "width": 52}
 

@@ -57,6 +57,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import bench_common  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
+from bench_common import CLOCKS  # noqa: E402
 
 REFERENCE = "unpatched"
 """Label of the reference row: the unpatched model at the sampler's step count."""
@@ -67,10 +68,6 @@ are compared with a measured step count, not with 18 steps' lower bound)."""
 
 REF_EVERY = 5
 """The reference is re-run after every this many rows, so drift on a shared machine cancels."""
-
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-"""cpu: this process's CPU time, which waiting for a core shared with other jobs does not inflate
-(with one torch thread it is about the wall time the call would take alone); wall: elapsed time."""
 
 EASYCACHE_THRESHOLDS = (0.02, 0.05, 0.1, 0.2)
 LAZYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)
