@@ -52,18 +52,28 @@ def candidate_paths() -> list[Path]:
     return candidates
 
 
+def required(flag: str) -> bool:
+    """True in CI (``CI=true``) or with ``<flag>=1``: a missing prerequisite fails, not skips."""
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get(flag) == "1"
+
+
+def skip_or_fail(flag: str, what: str, reason: str) -> NoReturn:
+    """Skip the calling test with ``reason``, or fail it where ``flag`` makes `what` required."""
+    import pytest
+
+    if required(flag):
+        pytest.fail(f"{what} required here (CI=true or {flag}=1): {reason}")
+    pytest.skip(reason)
+
+
 def comfy_required() -> bool:
     """True in CI (``CI=true``) or with ``TOMA_REQUIRE_COMFYUI=1``: no ComfyUI is a failure, not a skip."""
-    return os.environ.get("CI", "").lower() == "true" or os.environ.get("TOMA_REQUIRE_COMFYUI") == "1"
+    return required("TOMA_REQUIRE_COMFYUI")
 
 
 def missing(reason: str) -> NoReturn:
     """Skip the calling test with ``reason``, or fail it where ComfyUI is required."""
-    import pytest
-
-    if comfy_required():
-        pytest.fail(f"ComfyUI is required here (CI=true or TOMA_REQUIRE_COMFYUI=1): {reason}")
-    pytest.skip(reason)
+    skip_or_fail("TOMA_REQUIRE_COMFYUI", "ComfyUI is", reason)
 
 
 def find_comfy_root() -> Path | None:

@@ -106,3 +106,14 @@ def merged_block_runs(line: str) -> int:
 
 def plans_built(line: str) -> int:
     return count(r"(\d+) plans built", line)
+
+
+class CountingBackend:
+    """A Dynamo backend that counts the graphs it is handed and runs them eagerly."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
+        self.graphs += 1
+        return gm.forward

@@ -23,21 +23,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from compat_support import RUNTIME_LOGGER, Toma, count, plans_built, rel, run_lines, warnings_of  # noqa: E402
+from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, count, plans_built, rel, run_lines, warnings_of  # noqa: E402
 from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 3
-
-
-class CountingBackend:
-    """A Dynamo backend that counts compiled graphs and runs them eagerly."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm: Any, example_inputs: Any) -> Any:
-        self.graphs += 1
-        return gm.forward
 
 
 def with_sdpa(model: Any) -> Any:

@@ -37,7 +37,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import third_party as tp  # noqa: E402
-from compat_support import RUNTIME_LOGGER, Toma, merged_block_runs, rel, run_lines  # noqa: E402
+from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, merged_block_runs, rel, run_lines  # noqa: E402
 from tiny_models import FLUX_LATENT  # noqa: E402
 
 FLUX_BLOCKS = 4
@@ -151,17 +151,6 @@ def test_wavespeed_first_block_cache(order: str, fbcache: tuple, tiny_flux: Any,
 
 
 # --- KJNodes' compile nodes ------------------------------------------------------------------
-
-
-class CountingBackend:
-    """A Dynamo backend that counts the graphs it is handed and runs them eagerly."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm: Any, example_inputs: Any) -> Any:
-        self.graphs += 1
-        return gm.forward
 
 
 def kjnodes_compile(version: str, model: Any, backend: CountingBackend) -> Any:

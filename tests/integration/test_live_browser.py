@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import workflow_api as wa
+from comfy_env import skip_or_fail
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,7 @@ def browser_missing(reason: str) -> None:
     ci_reason = os.environ.get("TOMA_BROWSER_SKIP_REASON")
     if ci_reason:
         pytest.skip(f"{reason}; .ci/run: {ci_reason}")
-    if os.environ.get("CI", "").lower() == "true" or os.environ.get("TOMA_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"the browser test is required here (CI=true or TOMA_REQUIRE_BROWSER=1): {reason}")
-    pytest.skip(reason)
+    skip_or_fail("TOMA_REQUIRE_BROWSER", "the browser test is", reason)
 
 
 def browser_paths() -> tuple[str, str]:

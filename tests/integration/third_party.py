@@ -17,8 +17,9 @@ import os
 import sys
 import types
 from pathlib import Path
+from typing import NoReturn
 
-import pytest
+from comfy_env import skip_or_fail
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY = Path(os.environ.get("TOMA_THIRD_PARTY") or PACK_ROOT.parent / "shared" / "third_party")
@@ -31,14 +32,8 @@ KJNODES = "ComfyUI-KJNodes"
 PULID_LL = "ComfyUI_PuLID_Flux_ll"
 
 
-def required() -> bool:
-    return os.environ.get("CI", "").lower() == "true" or os.environ.get("TOMA_REQUIRE_THIRD_PARTY") == "1"
-
-
-def unavailable(reason: str) -> None:
-    if required():
-        pytest.fail(f"third-party packs are required here (CI=true or TOMA_REQUIRE_THIRD_PARTY=1): {reason}")
-    pytest.skip(reason)
+def unavailable(reason: str) -> NoReturn:
+    skip_or_fail("TOMA_REQUIRE_THIRD_PARTY", "third-party packs are", reason)
 
 
 def pack_dir(name: str) -> Path:
