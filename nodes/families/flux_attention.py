@@ -51,16 +51,16 @@ def merged_attention(plan: MergePlan, text_len: int, mask: torch.Tensor | None, 
     n = plan.num_tokens
 
     def override(func, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if not kwargs.get("skip_reshape") or q.shape[2] < text_len + n:
+        if not kwargs.get("skip_reshape") or kwargs.get("skip_output_reshape") or q.shape[2] < text_len + n:
             raise ValueError(
-                f"ToMA scope 'attention' expected Flux's (B, H, L, hd) attention with L >= {text_len + n}, "
-                f"got q of shape {tuple(q.shape)}; use scope 'block' for this model"
+                f"ToMA scope 'attention' expected Flux's (B, H, L, hd) attention with L >= {text_len + n} and a "
+                f"(B, L, H*hd) output, got q of shape {tuple(q.shape)}; use scope 'block' for this model"
             )
         merged = [merge_heads(t, plan, text_len) for t in (q, k, v)]
         kwargs["mask"] = mask
         call = func if inner is None else lambda *a, **kw: inner(func, *a, **kw)
         out = call(*merged, heads, *args, **kwargs)
-        return unmerge_rows(out, plan, text_len, kwargs.get("skip_output_reshape", False))
+        return unmerge_rows(out, plan, text_len)
 
     return override
 
@@ -73,13 +73,9 @@ def merge_heads(t: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
     return torch.cat([t[:, :, :start], span, t[:, :, start + n:]], dim=2)
 
 
-def unmerge_rows(out: torch.Tensor, plan: MergePlan, start: int, heads_first: bool) -> torch.Tensor:
-    """Attention output (B, L - N + D, H·hd), or (B, H, L - N + D, hd) when heads_first, back to
-    L rows: the D merged rows at `start` become U·rows (N)."""
+def unmerge_rows(out: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
+    """Attention output (B, L - N + D, H·hd) back to L rows: the D merged rows at `start` become
+    U·rows (N)."""
     d = plan.num_kept
-    if heads_first:
-        heads = out.shape[1]
-        flat = rearrange(out, "b h l e -> b l (h e)")
-        return rearrange(unmerge_rows(flat, plan, start, False), "b l (h e) -> b h l e", h=heads)
     span = plan.unmerge(out[:, start:start + d])
     return torch.cat([out[:, :start], span, out[:, start + d:]], dim=1)
