@@ -1,6 +1,6 @@
 """`patch_model`: the single entry point the nodes call.
 
-Clones the model, finds its family in the registry (families/registry.py), lets the family's
+Clones the model, finds its family in the registry (registry.py), lets the family's
 adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`) and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from .families.registry import apply_family, detect_family
+from .registry import apply_family, detect_family
 from .runtime import RunState, ToMAConfig
 from .settings import TOMA_KEY, ToMASettings
 from .wrappers import apply_model_wrapper, outer_sample_wrapper

@@ -195,7 +195,7 @@ class CallContext:
         Reuse across calls (same epoch and batch composition) comes pre-filled by the wrapper, and
         plans built here are kept for later calls by the wrapper after the call. features() ->
         (B, h*w, C) is called only when a plan is built. (Video families build segment plans
-        into `plans` themselves: joint.segment_plan, wan.py.)
+        into `plans` themselves: machinery/dit_runner.segment_plan, families/wan.py.)
         """
         key = (slot, height, width)
         plan = self.plans.get(key)

@@ -6,7 +6,7 @@ import pytest
 from pack import pack_module
 
 settings_mod = pack_module("nodes.settings")
-flux_blocks = pack_module("nodes.families.dit_blocks")
+flux_blocks = pack_module("nodes.machinery.dit_blocks")
 core = pack_module("toma_core")
 ToMASettings = settings_mod.ToMASettings
 

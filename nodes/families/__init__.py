@@ -1,5 +1,7 @@
-"""Model families ToMA patches: one adapter module per family, the shared pieces (merge.py: merge
-around a block, rope/mask rows; hooks.py: dit replace keys and forward patches; geometry.py: the
-token grid from the latent) and the registry that maps ComfyUI's model classes to them
-(registry.py, issue 14).
+"""Per-family adapters: one module per model family ToMA patches (flux.py, unet.py, sd3.py,
+qwen_image.py, hunyuan_video.py, wan.py, lumina2.py, hidream.py), each with `apply(model_clone,
+settings)` that installs its hooks and returns the runtime's adapter. A family's own helpers sit
+beside it under the family's prefix (flux_attention.py; unet_sites.py, unet_blocks.py,
+unet_attention.py). What several families share lives in ../machinery/; which model class goes to
+which adapter is ../registry.py.
 """

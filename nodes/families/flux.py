@@ -29,13 +29,13 @@ from collections.abc import Callable
 import torch
 
 from ...toma_core import MergePlan
+from ..machinery.dit_blocks import parse_flux_blocks
+from ..machinery.geometry import DitAdapter
+from ..machinery.hooks import block_context, install_dit_hooks
+from ..machinery.merge import add_key_bias, features, merge_mask, merge_rows, merge_span, unmerge_span
 from ..runtime import CallContext
 from ..settings import ToMASettings
-from .dit_blocks import parse_flux_blocks
 from .flux_attention import attention_options
-from .geometry import DitAdapter
-from .hooks import block_context, install_dit_hooks
-from .merge import add_key_bias, features, merge_mask, merge_rows, merge_span, unmerge_span
 
 log = logging.getLogger(__name__)
 

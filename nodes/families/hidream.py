@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
+from ..machinery.dit_blocks import parse_flux_blocks
+from ..machinery.dit_runner import Rows, run_merged, tokens_match
+from ..machinery.geometry import DitAdapter
+from ..machinery.hooks import block_context, install_forward_patches, module_forward
+from ..machinery.scope import require_block_scope
 from ..runtime import CallGeometry
 from ..settings import ToMASettings
-from .common import require_block_scope
-from .dit_blocks import parse_flux_blocks
-from .geometry import DitAdapter
-from .hooks import block_context, install_forward_patches, module_forward
-from .joint import Rows, run_merged, tokens_match
 
 SLOT = "hidream"
 STREAMS = {"double": "double_stream_blocks", "single": "single_stream_blocks"}

@@ -31,13 +31,13 @@ import torch
 
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment, SegmentPlan
+from ..machinery.dit_blocks import parse_flux_blocks
+from ..machinery.dit_runner import Rows, merged_dit_block, tokens_match
+from ..machinery.geometry import DitAdapter, text_length
+from ..machinery.hooks import block_context, install_dit_hooks
+from ..machinery.scope import require_block_scope
 from ..runtime import CallContext, CallGeometry
 from ..settings import NODE_TILE_FRAMES, ToMASettings
-from .common import require_block_scope
-from .dit_blocks import parse_flux_blocks
-from .geometry import DitAdapter, text_length
-from .hooks import block_context, install_dit_hooks
-from .joint import Rows, merged_dit_block, tokens_match
 
 SLOT = "hunyuan_video"
 DIMS_KEYS = ("modulation_dims_img", "modulation_dims")

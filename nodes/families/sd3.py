@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..machinery.dit_blocks import parse_dit_blocks
+from ..machinery.dit_runner import merged_dit_block, tokens_match
+from ..machinery.geometry import DitAdapter
+from ..machinery.hooks import block_context, install_dit_hooks
+from ..machinery.scope import require_block_scope
 from ..settings import ToMASettings
-from .common import require_block_scope
-from .dit_blocks import parse_dit_blocks
-from .geometry import DitAdapter
-from .hooks import block_context, install_dit_hooks
-from .joint import merged_dit_block, tokens_match
 
 SLOT = "sd3"
 

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ...toma_core import MergePlan
+from ..machinery.merge import features
 from ..runtime import CallContext, find_call
 from ..settings import TOMA_KEY
-from .merge import features
 from .unet_blocks import BlockId
 from .unet_sites import PLAN_SLOT, TOMA_MARK, has_attention_replace
 

@@ -1,7 +1,7 @@
 """The family registry (issue 14): which ComfyUI diffusion-model classes ToMA patches, with which
 adapter, what the README says about them, and which models it refuses and why.
 
-Adding a family is one adapter module in this folder, with
+Adding a family is one adapter module in families/, with
 `apply(model_clone, settings) -> FamilyAdapter` (see runtime.FamilyAdapter), plus one `Family`
 line in FAMILIES. Classes are named as "module:Class" strings and resolved only when a model is
 detected, so the registry (and the README table test) needs no ComfyUI; a class missing from the
@@ -14,14 +14,14 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from ..runtime import FamilyAdapter
-from ..settings import ToMASettings
+from .runtime import FamilyAdapter
+from .settings import ToMASettings
 
 
 @dataclass(frozen=True)
 class Family:
     """One supported family. name: for logs; classes: ComfyUI diffusion-model classes ("module:Class");
-    adapter: the module in this folder whose `apply` installs the hooks; models, how, limits: its
+    adapter: the module in families/ whose `apply` installs the hooks; models, how, limits: its
     README row."""
 
     name: str
@@ -147,7 +147,7 @@ def detect_family(model) -> Family:
 
 def apply_family(family: Family, model, settings: ToMASettings) -> FamilyAdapter:
     """Install the family's hooks on `model` (a ModelPatcher clone); return its runtime adapter."""
-    adapter = importlib.import_module(f".{family.adapter}", __package__)
+    adapter = importlib.import_module(f".families.{family.adapter}", __package__)
     return adapter.apply(model, settings)
 
 
