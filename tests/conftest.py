@@ -1,10 +1,8 @@
-"""Puts tests/ on sys.path so every test can import the shared helpers (`pack`, `workflow_check`)."""
+"""The root of the test tree.
 
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-_TESTS = str(Path(__file__).resolve().parent)
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+Under pytest's default import mode (prepend), loading this file puts tests/ on ``sys.path``, so
+tests in tests/integration/ can import the test-only helpers here (``workflow_check``); each test
+folder's own helpers (``compat_support``, ``family_checks``, ...) resolve the same way. What the
+benches share with the tests lives in the ``bench.harness`` package, found from the repository
+root (``python -m pytest`` from the root, or ``pythonpath`` in pyproject.toml's pytest section).
+"""

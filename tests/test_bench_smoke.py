@@ -1,4 +1,4 @@
-"""Smoke tests of the evidence entry points (bench/fidelity.py, bench/demo.py) on tiny inputs, plus
+"""Smoke tests of the evidence entry points (bench/tokens/fidelity.py, bench/publish/demo.py) on tiny inputs, plus
 checks of the baselines they compare against (ToMe's bipartite matching, 2x2 pooling).
 
 The benchmarks themselves are not run in CI; these run each entry point in a few seconds.
@@ -17,7 +17,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench"
 
 
 def _has(module: str) -> bool:
@@ -28,21 +27,16 @@ needs_skimage = pytest.mark.skipif(not _has("skimage"), reason="scikit-image not
 needs_pillow = pytest.mark.skipif(not _has("PIL"), reason="pillow not installed (the demo reads and writes images)")
 
 
-def _load_fidelity():
-    spec = importlib.util.spec_from_file_location("toma_bench_fidelity", BENCH / "fidelity.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def fid():
-    return _load_fidelity()
+    from bench.tokens import fidelity
+
+    return fidelity
 
 
-def _run(script: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT, capture_output=True,
+def _run(module: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    """``python -m bench.<module> args`` from the repository root."""
+    return subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -51,7 +45,7 @@ def _run(script: str, *args: str, timeout: int = 120) -> subprocess.CompletedPro
 
 @needs_skimage
 def test_fidelity_cli_tiny(tmp_path):
-    result = _run("fidelity.py", "--out", str(tmp_path), "--images", "astronaut", "--grid", "8", "--tiles", "2",
+    result = _run("tokens.fidelity", "--out", str(tmp_path), "--images", "astronaut", "--grid", "8", "--tiles", "2",
                   "--similarities", "cosine", "--temperatures", "0.001", "--budgets", "tile", "--tome-seeds", "1",
                   "--compare", "")
     assert result.returncode == 0, result.stderr
@@ -66,7 +60,7 @@ def test_fidelity_cli_tiny(tmp_path):
 
 
 def test_fidelity_rejects_bad_ratio(tmp_path):
-    result = _run("fidelity.py", "--out", str(tmp_path), "--ratios", "1.5")
+    result = _run("tokens.fidelity", "--out", str(tmp_path), "--ratios", "1.5")
     assert result.returncode == 2
     assert "ratio=1.5" in result.stderr and "Traceback" not in result.stderr
 
@@ -75,7 +69,7 @@ def test_fidelity_rejects_bad_ratio(tmp_path):
 @needs_pillow
 def test_demo_tiny_default_image(tmp_path):
     out = tmp_path / "demo.png"
-    result = _run("demo.py", "--grid", "8", "--patch", "4", "--device", "cpu", "--block-width", "64",
+    result = _run("publish.demo", "--grid", "8", "--patch", "4", "--device", "cpu", "--block-width", "64",
                   "--block-grid", "8", "--repeats", "1", "--warmup", "0", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "merge->unmerge relative error" in result.stdout and "full block" in result.stdout
@@ -90,7 +84,7 @@ def test_demo_bad_image_is_one_line(tmp_path, kind):
     path = tmp_path / "nope.png"
     if kind == "not_an_image":
         path.write_text("this is not a PNG")
-    result = _run("demo.py", "--image", str(path), "--no-speed", "--out", str(tmp_path / "x.png"))
+    result = _run("publish.demo", "--image", str(path), "--no-speed", "--out", str(tmp_path / "x.png"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and str(path) in lines[0], result.stderr
@@ -105,7 +99,7 @@ def test_demo_user_image_without_speed(tmp_path):
     pixels = torch.stack([gradient.expand(30, 40), gradient.flip(0).expand(30, 40), torch.full((30, 40), 90).byte()], -1)
     src = tmp_path / "in.png"
     Image.fromarray(pixels.numpy()).save(src)
-    result = _run("demo.py", "--image", str(src), "--grid", "10", "--patch", "3", "--tile-size", "3",
+    result = _run("publish.demo", "--image", str(src), "--grid", "10", "--patch", "3", "--tile-size", "3",
                   "--ratio", "0.75", "--no-speed", "--out", str(tmp_path / "out.png"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.png").is_file()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pack import pack_module
+from bench.harness.pack import pack_module
 from workflow_check import check_workflow, unconnected_required_inputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "example_workflows"

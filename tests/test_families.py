@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pack import PACK_ROOT, pack_module
+from bench.harness.pack import PACK_ROOT, pack_module
 
 registry = pack_module("nodes.registry")
 

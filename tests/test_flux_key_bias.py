@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pack import pack_module
+from bench.harness.pack import pack_module
 
 flux = pack_module("nodes.families.flux")
 

@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass
 
 import torch
-from pack import pack_module
+from bench.harness.pack import pack_module
 
 runtime = pack_module("nodes.runtime")
 wrappers = pack_module("nodes.wrappers")

@@ -1,6 +1,6 @@
 """Regression: a hard assignment (temperature 0) never leaves a destination empty when a tile
 holds identical tokens (argmax ties used to send them all to the first destination, so the other
-merged tokens were all-zero vectors). Found by bench/fidelity.py on flat image regions."""
+merged tokens were all-zero vectors). Found by bench/tokens/fidelity.py on flat image regions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark entry point bench/run_all.py (and through it bench/model_fidelity.py)
+"""Smoke test of the benchmark entry point bench/publish/run_all.py (and through it bench/tokens/model_fidelity.py)
 on tiny sizes: every section runs, results.md / results.json are written, speed-ups are against the
 unpatched model of the same run and ToMA's denoiser output differs from the unpatched one.
 
@@ -17,17 +17,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+from bench.harness import comfy_env
 
-import comfy_env  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _comfy_or_skip() -> Path:
     root = comfy_env.find_comfy_root()
     if root is None:
         tried = ", ".join(str(p) for p in comfy_env.candidate_paths())
-        comfy_env.missing(f"ComfyUI not found (set COMFYUI_PATH; tried {tried}); bench/run_all.py's model sections need it")
+        comfy_env.missing(f"ComfyUI not found (set COMFYUI_PATH; tried {tried}); bench/publish/run_all.py's model sections need it")
     return root
 
 
@@ -35,7 +34,7 @@ def _comfy_or_skip() -> Path:
 def test_run_all_smoke(tmp_path):
     root = _comfy_or_skip()
     env = dict(os.environ, COMFYUI_PATH=str(root))
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py"), "--smoke", "--threads", "1",
+    result = subprocess.run([sys.executable, "-m", "bench.publish.run_all", "--smoke", "--threads", "1",
                              "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pack import pack_module
+from bench.harness.pack import pack_module
 
 unet_blocks = pack_module("nodes.families.unet_blocks")
 parse = unet_blocks.parse_unet_blocks

@@ -1,4 +1,4 @@
-"""Smoke test of bench/video_fidelity.py (issue 12: how many frames a tile spans) on a tiny video.
+"""Smoke test of bench/tokens/video_fidelity.py (issue 12: how many frames a tile spans) on a tiny video.
 
 On a still shot every frame repeats the first, so tiles spanning two frames can merge each token
 with its copy in the next frame: their roundtrip error must be lower than with one frame per tile.
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(importlib.util.find_spec("skimage") is None, reason="scikit-image not installed (sample images)")
 def test_video_fidelity_tiny_still_shot():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "video_fidelity.py"), "--images", "astronaut", "--frames", "5",
+        [sys.executable, "-m", "bench.tokens.video_fidelity", "--images", "astronaut", "--frames", "5",
          "--grid", "8", "--pans", "0", "--ratios", "0.5", "--tile-frames", "1", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )

@@ -36,7 +36,7 @@ def test_workflow_is_valid_and_uses_only_core_and_pack_nodes(path):
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_workflow_has_a_jpeg_thumbnail(path):
     thumbnail = path.with_suffix(".jpg")
-    assert thumbnail.is_file(), f"{thumbnail.name} missing: run python bench/make_thumbnails.py"
+    assert thumbnail.is_file(), f"{thumbnail.name} missing: run python -m bench.publish.make_thumbnails"
     data = thumbnail.read_bytes()
     assert data.startswith(JPEG_MAGIC), f"{thumbnail.name} is not a JPEG"
     assert len(data) <= MAX_THUMBNAIL_BYTES, f"{thumbnail.name} is {len(data)} bytes"

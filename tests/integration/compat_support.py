@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from pack import pack_module
+from bench.harness.pack import pack_module
 
 RUNTIME_LOGGER = "comfyui_toma_pack.nodes.wrappers"
 """Logger of the per-run summary line and of the bypass warning."""

@@ -1,7 +1,7 @@
 """Fixtures for tests that run real ComfyUI code on tiny random models.
 
 Every fixture here depends on ``comfy``, which skips the test (with the reason) when no importable
-ComfyUI is found; see ``comfy_env.py`` for the search order. Run with::
+ComfyUI is found; see ``bench/harness/comfy_env.py`` for the search order. Run with::
 
     COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m pytest tests/integration -rs
 
@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-if str(Path(__file__).parent) not in sys.path:  # also under --import-mode=importlib
-    sys.path.insert(0, str(Path(__file__).parent))
-
-import comfy_env  # noqa: E402
+from bench.harness import comfy_env
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +50,7 @@ def comfy() -> Path:
 @pytest.fixture(scope="session")
 def tiny(comfy: Path) -> Any:
     """The ``tiny_models`` module (importable only once ComfyUI is on sys.path)."""
-    import tiny_models
+    from bench.harness import tiny_models
 
     return tiny_models
 

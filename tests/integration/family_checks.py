@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from compat_support import patch, record_attention, rel, run_lines  # noqa: F401 (re-exported for the family tests)
-from pack import pack_module  # noqa: F401 (re-exported for the family tests)
+from bench.harness.pack import pack_module  # noqa: F401 (re-exported for the family tests)
 
 
 def lengths_of(model: Any) -> tuple[Any, list[int]]:

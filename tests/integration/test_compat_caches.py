@@ -29,7 +29,7 @@ from compat_support import (  # noqa: E402
     run_lines,
     warnings_of,
 )
-from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 6
 FLUX_BLOCKS = 4

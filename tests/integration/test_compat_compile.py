@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, count, plans_built, rel, run_lines, warnings_of  # noqa: E402
-from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 3
 

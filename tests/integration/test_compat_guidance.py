@@ -9,7 +9,6 @@ act (outputs differ from each patch alone, token counts measured).
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from compat_support import (  # noqa: E402
     rel,
     run_lines,
 )
-from tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 
 @pytest.fixture()

@@ -36,9 +36,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import third_party as tp  # noqa: E402
+from bench.harness import third_party as tp  # noqa: E402
 from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, merged_block_runs, rel, run_lines  # noqa: E402
-from tiny_models import FLUX_LATENT  # noqa: E402
+from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 FLUX_BLOCKS = 4
 """Tiny Flux: 2 double + 2 single blocks (all selected here)."""
@@ -188,7 +188,7 @@ def gguf_flux(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
     file, 0.6 GB, is deleted afterwards)."""
     pytest.importorskip("gguf", reason="the gguf package (test extra) writes the Q8_0 file")
     import folder_paths
-    import model_files
+    from bench.harness import model_files
 
     nodes = tp.pack_module(tp.GGUF, "nodes")
     folder = tmp_path_factory.mktemp("gguf")
@@ -295,7 +295,7 @@ class FaceStubs:
                 return torch.randn(1, stubs.tokens, stubs.kv_dim, generator=torch.Generator().manual_seed(0))
 
         module = PulidFlux()
-        from tiny_models import init_weights
+        from bench.harness.tiny_models import init_weights
 
         init_weights(module, seed=5)
         return comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())

@@ -1,22 +1,16 @@
-"""Smoke test of bench/bench_families.py (issue 14): every family-shaped model builds from
+"""Smoke test of bench/speed/bench_families.py (issue 14): every family-shaped model builds from
 ComfyUI's classes, runs unpatched, with ToMA and as the ideal, and prints its row. Tiny grid, one
 timed round: the numbers are meaningless here, the bench's real run is in the README."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
 def test_every_family_prints_a_row(comfy: Any, capsys: pytest.CaptureFixture) -> None:
-    sys.path.insert(0, str(BENCH))
-    import bench_families
+    from bench.speed import bench_families
 
     bench_families.main(["--grid", "4", "--repeats", "1", "--warmup", "0", "--threads", "1", "--clock", "cpu"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
-import tiny_dits  # noqa: E402
+from bench.harness import tiny_dits  # noqa: E402
 
 LATENT = (1, 16, 3, 16, 16)
 """3 frames of an 8 x 8 token grid: N = 192, D = 96 at ratio 0.5 with tile 4."""

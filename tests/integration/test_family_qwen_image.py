@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
-import tiny_dits  # noqa: E402
+from bench.harness import tiny_dits  # noqa: E402
 
 LATENT = (1, 16, 1, 16, 16)
 """An 8 x 8 token grid (Qwen-Image latents are 5-D with one frame)."""

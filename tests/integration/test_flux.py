@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import compat_support  # noqa: E402
 from compat_support import FLUX_TEXT as TEXT  # noqa: E402
 from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
-from tiny_models import FLUX_LATENT  # noqa: E402
+from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 
 def record_attention(model: Any) -> tuple[Any, list[int]]:
@@ -351,7 +351,7 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
     import asyncio
 
-    from pack import import_pack_init
+    from bench.harness.pack import import_pack_init
 
     module = import_pack_init()
     assert not hasattr(module, "NODE_CLASS_MAPPINGS")

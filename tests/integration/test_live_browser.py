@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import workflow_api as wa
-from comfy_env import skip_or_fail
+from bench.harness.comfy_env import skip_or_fail
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json
 
 log = logging.getLogger(__name__)

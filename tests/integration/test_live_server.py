@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json, http_get
-from pack import pack_module
+from bench.harness.pack import pack_module
 from workflow_check import FRONTEND_ONLY
 
 EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))

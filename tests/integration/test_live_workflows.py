@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import workflow_api as wa
 from live_comfy import PACK_ROOT, LiveServer, Run, get_json, media_frames, queue, run_prompt
-from pack import pack_module
+from bench.harness.pack import pack_module
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ TOKEN_PATTERN = re.compile(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)")
 def live_models(live_server: LiveServer) -> Iterator[dict[str, str]]:
     """The test's model files in the server's models folder; name in the loaders' lists by key.
     Deleted afterwards (2 GB; pytest keeps its last temporary folders)."""
-    import model_files
+    from bench.harness import model_files
 
     makers = {
         "flux": model_files.flux_unet, "wan_high": lambda p: model_files.wan_unet(p, seed=0),

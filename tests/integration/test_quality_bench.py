@@ -1,9 +1,9 @@
-"""Smoke test of bench/quality.py (issue 11 point 2) on one trained fixture: --quick with one seed
+"""Smoke test of bench/quality/quality.py (issue 11 point 2) on one trained fixture: --quick with one seed
 and a short run. The JSON holds the quick rows; the unpatched reference repeats bit for bit (PSNR
 inf against its own re-run) and ToMA at ratio 0 gives the reference image bit for bit; the node
 defaults change the image and have a measured speed-up; the table and figures are written.
 
-Skips when no fixture is present (fixtures/<family>.safetensors, made by bench/train_fixtures.py).
+Skips when no fixture is present (fixtures/<family>.safetensors, made by bench/quality/train_fixtures.py).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def fixture_family() -> str:
     for family in ("flux", "sdxl", "sd15"):
         if (ROOT / "fixtures" / f"{family}.safetensors").is_file():
             return family
-    pytest.skip("no trained fixture in fixtures/ (bench/train_fixtures.py makes them)")
+    pytest.skip("no trained fixture in fixtures/ (bench/quality/train_fixtures.py makes them)")
 
 
 def test_quality_quick(comfy: Path, tmp_path: Path) -> None:
     family = fixture_family()
     env = dict(os.environ, COMFYUI_PATH=str(comfy))
-    command = [sys.executable, str(ROOT / "bench" / "quality.py"), "--quick", "--families", family, "--seeds", "1",
+    command = [sys.executable, "-m", "bench.quality.quality", "--quick", "--families", family, "--seeds", "1",
                "--steps", str(STEPS), "--threads", "1", "--out", str(tmp_path)]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -60,7 +60,7 @@ def test_quality_quick(comfy: Path, tmp_path: Path) -> None:
         assert (tmp_path / name).stat().st_size > 1000, name
 
     combined = tmp_path / "combined"
-    command = [sys.executable, str(ROOT / "bench" / "quality.py"), "--combine", str(tmp_path), "--out", str(combined)]
+    command = [sys.executable, "-m", "bench.quality.quality", "--combine", str(tmp_path), "--out", str(combined)]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (combined / "quality.md").read_text() == (tmp_path / "quality.md").read_text()

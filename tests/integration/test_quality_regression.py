@@ -1,7 +1,7 @@
 """The defaults' image quality on the trained fixtures does not regress (issue 11 point 7).
 
 fixtures/quality_baseline.json records, per trained fixture, the PSNR of the ToMA Patch node at its
-defaults against the unpatched model (seeded, CPU), as ``bench/quality_baseline.py --write``
+defaults against the unpatched model (seeded, CPU), as ``bench/quality/quality_baseline.py --write``
 measured it. A change that lowers the mean by more than MARGIN_DB fails here; so does a change of
 the node's defaults that was not measured and recorded again.
 """
@@ -9,15 +9,10 @@ the node's defaults that was not measured and recorded again.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
 
 MARGIN_DB = 1.0
 """Allowed drop of the mean PSNR: float differences between CPUs may flip a rare near-tie."""
@@ -25,16 +20,16 @@ MARGIN_DB = 1.0
 
 @pytest.fixture(scope="module")
 def record(comfy: Path) -> dict[str, Any]:
-    import quality_baseline
+    from bench.quality import quality_baseline
 
     path = quality_baseline.baseline_path()
-    assert path.is_file(), f"{path} missing: run python bench/quality_baseline.py --write"
+    assert path.is_file(), f"{path} missing: run python -m bench.quality.quality_baseline --write"
     return json.loads(path.read_text())
 
 
 def test_record_is_for_the_current_defaults(record: dict[str, Any]) -> None:
-    import quality_baseline
-    import trained
+    from bench.quality import quality_baseline
+    from bench.harness import trained
 
     assert record["defaults"] == quality_baseline.node_defaults(), "defaults changed: measure and re-record"
     assert sorted(record["families"]) == sorted(trained.available())
@@ -42,7 +37,7 @@ def test_record_is_for_the_current_defaults(record: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("family", ["flux", "sdxl", "sd15"])
 def test_default_psnr_does_not_drop(record: dict[str, Any], family: str) -> None:
-    import quality_baseline
+    from bench.quality import quality_baseline
 
     recorded = record["families"][family]
     scores = quality_baseline.default_psnr(family, tuple(recorded["seeds"]))

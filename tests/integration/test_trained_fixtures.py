@@ -1,4 +1,4 @@
-"""The trained fixtures of issue 11 (fixtures/*.safetensors, bench/trained.py, bench/train_fixtures.py).
+"""The trained fixtures of issue 11 (fixtures/*.safetensors, bench/harness/trained.py, bench/quality/train_fixtures.py).
 
 Each shipped fixture loads into ComfyUI's own class; the pixel codec is a float-precision round trip;
 the training-only out-of-place Flux blocks compute what ComfyUI's blocks compute (and, unlike them,
@@ -8,30 +8,24 @@ correlation of a photograph, not of noise, and is reproducible bit for bit.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
 @pytest.fixture(scope="module")
 def trained(comfy: Path) -> Any:
-    """bench/trained.py (needs ComfyUI on sys.path for its lazy imports)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    import trained
+    """bench/harness/trained.py (needs ComfyUI on sys.path for its lazy imports)."""
+    from bench.harness import trained
 
     return trained
 
 
 @pytest.fixture(scope="module")
 def train_fixtures(trained: Any) -> Any:
-    """bench/train_fixtures.py (the out-of-place blocks and the training data)."""
-    import train_fixtures
+    """bench/quality/train_fixtures.py (the out-of-place blocks and the training data)."""
+    from bench.quality import train_fixtures
 
     return train_fixtures
 

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 import compat_support  # noqa: E402
 from compat_support import CLIP_TEXT as TEXT  # noqa: E402
 from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
-from pack import pack_module  # noqa: E402
+from bench.harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 4, 16, 16)
 
@@ -446,7 +446,7 @@ def test_advanced_node_on_sdxl(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
 
 
 def test_bench_sdxl_runs(comfy: Any) -> None:
-    """bench/bench_sdxl.py end to end on a tiny size (the table's rows and columns)."""
+    """bench/speed/bench_sdxl.py end to end on a tiny size (the table's rows and columns)."""
     import os
     import subprocess
     import sys
@@ -454,7 +454,7 @@ def test_bench_sdxl_runs(comfy: Any) -> None:
 
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [sys.executable, str(root / "bench" / "bench_sdxl.py"), "--channels", "32", "--latent", "16",
+        [sys.executable, "-m", "bench.speed.bench_sdxl", "--channels", "32", "--latent", "16",
          "--rounds", "1", "--calls", "1", "--threads", "1"],
         cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "COMFYUI_PATH": str(comfy)},
     )

@@ -25,7 +25,7 @@ LATENT = (1, 16, 5, 12, 16)
 
 @pytest.fixture(scope="module")
 def wan(comfy: Any) -> Any:
-    import tiny_wan
+    from bench.harness import tiny_wan
 
     return tiny_wan
 

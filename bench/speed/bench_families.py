@@ -3,8 +3,8 @@ from ComfyUI's own classes with random weights (CPU sizes: hidden 768, 12 heads 
 image-token grid (HunyuanVideo: 4 frames of 16 x 16), the family's usual text length, a few
 blocks).
 
-    COMFYUI_PATH=~/comfy/ComfyUI python bench/bench_families.py --threads 1 --clock cpu   # every family
-    python bench/bench_families.py --family qwen_image --ratios 0.25 0.5 0.75
+    COMFYUI_PATH=~/comfy/ComfyUI python -m bench.speed.bench_families --threads 1 --clock cpu   # every family
+    python -m bench.speed.bench_families --family qwen_image --ratios 0.25 0.5 0.75
 
 For each family and ratio, in one round-robin (interleaved medians of ms per model call; each
 model is loaded before its turn, untimed, so object patches apply as in sampling): the unpatched model, ToMA on every block (a plan built in every call), and the
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-import bench_common
-from bench_flux import ideal_grid, kept_tokens, patch
+from ..harness import cli, sampling, timing
+from .bench_flux import ideal_grid, kept_tokens, patch
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ SHAPES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bench_common.add_device_args(p)
+    cli.add_device_args(p)
     p.add_argument("--family", choices=sorted(SHAPES), action="append", help="repeat for several (default: all)")
     p.add_argument("--grid", type=int, default=32, help="image tokens per side")
     p.add_argument("--ratios", type=float, nargs="+", default=[0.5])
@@ -90,9 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--clock", default="wall", choices=list(bench_common.CLOCKS),
+    p.add_argument("--clock", default="wall", choices=list(timing.CLOCKS),
                    help="cpu: this process's CPU time (with --threads 1, robust to other jobs on a shared machine)")
-    bench_common.add_kernel_args(p)
+    cli.add_kernel_args(p)
     args = p.parse_args(argv)
     args.batch = 1
     return args
@@ -102,7 +102,7 @@ def build(shape: Shape, args: argparse.Namespace):
     """The family-shaped model in a ModelPatcher (SD3's pos_embed buffer, torch.empty in ComfyUI, filled)."""
     import comfy.supported_models
 
-    patcher = bench_common.build_patcher(getattr(comfy.supported_models, shape.config_cls), shape.unet_config, args)
+    patcher = sampling.build_patcher(getattr(comfy.supported_models, shape.config_cls), shape.unet_config, args)
     pos_embed = getattr(patcher.model.diffusion_model, "pos_embed", None)
     if isinstance(pos_embed, torch.Tensor):
         with torch.no_grad():
@@ -112,7 +112,7 @@ def build(shape: Shape, args: argparse.Namespace):
 
 def make_call(patcher, shape: Shape, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Callable[[], torch.Tensor]:
     """One sampler-like model call on an h x w token grid (latent 2h x 2w) per frame."""
-    device, dtype = torch.device(args.device), bench_common.DTYPES[args.dtype]
+    device, dtype = torch.device(args.device), cli.DTYPES[args.dtype]
     gen = torch.Generator().manual_seed(0)
     frames = (shape.frames,) if shape.video_axis else ()
     x = torch.randn((1, shape.channels, *frames, 2 * grid_hw[0], 2 * grid_hw[1]), generator=gen).to(device)
@@ -122,7 +122,7 @@ def make_call(patcher, shape: Shape, args: argparse.Namespace, grid_hw: tuple[in
     if shape.extra:
         kwargs |= shape.extra(1, shape.text)
     sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
-    return bench_common.model_call(patcher, x, sigmas, [0], ["bench"], **kwargs)
+    return sampling.model_call(patcher, x, sigmas, [0], ["bench"], **kwargs)
 
 
 def median_ms(calls: dict[str, tuple[object, Callable[[], torch.Tensor]]], args: argparse.Namespace) -> dict[str, float]:
@@ -135,7 +135,7 @@ def median_ms(calls: dict[str, tuple[object, Callable[[], torch.Tensor]]], args:
     for round_index in range(args.warmup + args.repeats):
         for name, (patcher, fn) in calls.items():
             comfy.model_management.load_models_gpu([patcher])
-            ms = bench_common.timed_ms(fn, args, bench_common.CLOCKS[args.clock])
+            ms = timing.timed_ms(fn, args, timing.CLOCKS[args.clock])
             if round_index >= args.warmup:
                 times[name].append(ms)
     return {name: statistics.median(values) for name, values in times.items()}
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    root = bench_common.import_comfy(args)
-    print(bench_common.run_header(root, args) + f"{args.grid}x{args.grid} image tokens, tile {args.tile_size}, "
+    root = cli.import_comfy(args)
+    print(cli.run_header(root, args) + f"{args.grid}x{args.grid} image tokens, tile {args.tile_size}, "
           f"{args.clock} clock, median of {args.repeats} interleaved calls")
     print(f"{'family':<14}{'ratio':>6}{'N':>7}{'D':>6}{'plain ms':>10}{'ToMA ms':>10}{'speed-up':>9}{'ideal ms':>10}{'ideal x':>9}{'vs ideal':>10}")
     for name in args.family or list(SHAPES):

@@ -2,7 +2,7 @@
 
 Each family is a real ComfyUI model class built from a small config (``comfy.supported_models.Flux``
 -> ``comfy.model_base.Flux``; ``comfy.supported_models.SDXL`` -> ``comfy.model_base.SDXL``), whose
-weights ``bench/train_fixtures.py`` trained on random crops of the photographs bundled with
+weights ``bench/quality/train_fixtures.py`` trained on random crops of the photographs bundled with
 scikit-image. ``fixtures/<family>.safetensors`` holds the weights (fp16; the model runs in fp32 on the
 CPU) and the fixed conditioning tensors; ``fixtures/<family>.json`` the config and provenance. Without
 the fixture file ``load_model`` returns the same class with seeded random weights (logged), so code
@@ -36,7 +36,7 @@ with a 4-channel latent format, so the UNet sees 64 x 64 px images.
 The models are unconditional: training used one fixed context (``conditioning``), and sampling at
 cfg 1.0 runs the positive pass only.
 
-Import only after ComfyUI is on sys.path (``bench_common.import_comfy`` or tests' ``comfy_env``):
+Import only after ComfyUI is on sys.path (``cli.import_comfy`` or ``comfy_env.import_comfy``):
 ComfyUI imports happen inside the functions.
 """
 
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_DIR: Path = ROOT / "fixtures"
 
 COND_PREFIX = "conditioning."

@@ -1,7 +1,7 @@
 """Model-level speed of ToMA on an SDXL-shaped UNet built from ComfyUI's own classes (issue 4 pt 7).
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python bench/bench_sdxl.py             # CPU
-    python bench/bench_sdxl.py --device cuda --dtype fp16 --real-size                     # GPU, SDXL sizes
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.speed.bench_sdxl             # CPU
+    python -m bench.speed.bench_sdxl --device cuda --dtype fp16 --real-size                     # GPU, SDXL sizes
 
 Default (CPU): comfy.model_base.SDXL with SDXL's topology (channel_mult 1, 2, 4; transformer depth
 0 / 2 / 10, middle 10; linear proj; ADM 2816) and widths scaled by 1/5 (model_channels 64, heads
@@ -29,16 +29,15 @@ from collections.abc import Callable
 
 import torch
 
-import bench_common  # (puts tests/ and tests/integration/ on sys.path)
-from bench_common import DTYPES, import_comfy
-
+from ..harness import cli, sampling, timing
+from ..harness.cli import DTYPES, import_comfy
 SDXL_CONTEXT_PER_CHANNEL = 2048 / 320
 """SDXL's text context width relative to model_channels."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bench_common.add_device_args(p)
+    cli.add_device_args(p)
     p.add_argument("--real-size", action="store_true", help="SDXL sizes: model_channels 320, context 2048, 128x128 latent")
     p.add_argument("--channels", type=int, default=64, help="model_channels (SDXL: 320; a multiple of 32)")
     p.add_argument("--latent", type=int, default=56, help="latent side (SDXL at 1024^2: 128; a multiple of 4)")
@@ -50,10 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=3, help="timed calls per configuration and round")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--clock", default="wall", choices=list(bench_common.CLOCKS),
+    p.add_argument("--clock", default="wall", choices=list(timing.CLOCKS),
                    help="wall: elapsed time; cpu: this process's CPU time (with --threads 1, robust to other "
                    "processes on a shared machine)")
-    bench_common.add_kernel_args(p)
+    cli.add_kernel_args(p)
     args = p.parse_args(argv)
     if args.real_size:
         args.channels, args.latent = 320, 128
@@ -79,7 +78,7 @@ def build_model(args: argparse.Namespace):
     """An SDXL-shaped comfy.model_base.SDXL with random weights, in a ModelPatcher on the device."""
     import comfy.supported_models
 
-    return bench_common.build_patcher(comfy.supported_models.SDXL, unet_config(args), args)
+    return sampling.build_patcher(comfy.supported_models.SDXL, unet_config(args), args)
 
 
 def make_call(patcher, args: argparse.Namespace, x: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
@@ -98,12 +97,12 @@ def make_call(patcher, args: argparse.Namespace, x: torch.Tensor | None = None) 
     model_sampling = patcher.get_model_object("model_sampling")
     sigmas = torch.tensor([float(model_sampling.sigma_max), 1.0, 0.0], device=device)
     cond_or_uncond = [0, 1][:b] + [0] * max(0, b - 2)
-    return bench_common.model_call(patcher, x, sigmas, cond_or_uncond, ["bench"] * b, c_crossattn=context, y=y)
+    return sampling.model_call(patcher, x, sigmas, cond_or_uncond, ["bench"] * b, c_crossattn=context, y=y)
 
 
 def configurations(base, args: argparse.Namespace) -> dict[str, object]:
     """Name -> ModelPatcher for every configuration of the table."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     settings = pack_module("nodes.settings")
     patching = pack_module("nodes.patching")
@@ -129,7 +128,7 @@ def time_calls(patcher, call: Callable[[], torch.Tensor], args: argparse.Namespa
     out = call()
     if not torch.isfinite(out).all():
         print("warning: non-finite model output", file=sys.stderr)
-    return [bench_common.timed_ms(call, args, bench_common.CLOCKS[args.clock]) for _ in range(args.calls)]
+    return [timing.timed_ms(call, args, timing.CLOCKS[args.clock]) for _ in range(args.calls)]
 
 
 def round_robin(configs: dict[str, object], calls: dict[str, Callable[[], torch.Tensor]],
@@ -145,7 +144,7 @@ def round_robin(configs: dict[str, object], calls: dict[str, Callable[[], torch.
 
 def level_tokens(args: argparse.Namespace, ratio: float) -> str:
     """N -> D of the two transformer levels, e.g. "784->392, 196->98"."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     core = pack_module("toma_core")
     parts = []
@@ -161,7 +160,7 @@ def profile_call(patcher, call: Callable[[], torch.Tensor], args: argparse.Names
     import comfy.model_management
 
     comfy.model_management.load_models_gpu([patcher])
-    bench_common.profile_call(call, args, row_limit=20)
+    timing.profile_call(call, args, row_limit=20)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     calls = {name: make_call(patcher, args) for name, patcher in configs.items()}
     times = round_robin(configs, calls, args)
     config = unet_config(args)
-    print(bench_common.run_header(root, args) + f"SDXL topology, model_channels {config['model_channels']}, context "
+    print(cli.run_header(root, args) + f"SDXL topology, model_channels {config['model_channels']}, context "
           f"{config['context_dim']}, latent {args.latent}x{args.latent}, batch {args.batch}, tile {args.tile_size}; "
           f"{args.clock} clock, median of {args.rounds} rounds x {args.calls} calls")
     plain = statistics.median(times["unpatched"])

@@ -1,10 +1,10 @@
 """Model-level fidelity and speed of ToMA on the Flux-shaped and SDXL-shaped benchmark models.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python bench/model_fidelity.py            # CPU, both
-    python bench/model_fidelity.py --device cuda --real-size                                # GPU sizes
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.tokens.model_fidelity            # CPU, both
+    python -m bench.tokens.model_fidelity --device cuda --real-size                                # GPU sizes
 
-The models, inputs, patches and timing loops are the ones of bench/bench_flux.py and
-bench/bench_sdxl.py (imported, not copied): ComfyUI's own classes with random weights and fixed-seed
+The models, inputs, patches and timing loops are the ones of bench/speed/bench_flux.py and
+bench/speed/bench_sdxl.py (imported, not copied): ComfyUI's own classes with random weights and fixed-seed
 inputs. For every configuration this measures, in one process:
 
 - rel. error: ||out - out_unpatched|| / ||out_unpatched|| of one model call (the denoiser output,
@@ -36,12 +36,10 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from ..speed import bench_flux
+from ..speed import bench_sdxl
 
-import bench_flux  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
-import bench_sdxl  # noqa: E402
+BENCH = Path(__file__).resolve().parents[1]
 
 RATIOS = (0.25, 0.5, 0.75)
 PERTURB = 0.01

@@ -1,7 +1,7 @@
 """Core overhead of ToMA: make_plan + merge + unmerge against one Flux-width transformer block.
 
-    python bench/bench_core.py                      # CPU, hidden 3072, 4096 tokens, ratio 0.5, tile 4
-    python bench/bench_core.py --device cuda --dtype bf16
+    python -m bench.speed.bench_core                      # CPU, hidden 3072, 4096 tokens, ratio 0.5, tile 4
+    python -m bench.speed.bench_core --device cuda --dtype bf16
 
 Prints the median milliseconds of each piece and the overhead as a percentage of one unmerged
 block forward on the same tokens (issue 2, target < 5% at ratio 0.5, tile 4, 4096 tokens).
@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from toma_core import make_plan  # noqa: E402
+from toma_core import make_plan
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

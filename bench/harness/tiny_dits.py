@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tiny_models import build
+from .tiny_models import build
 
 
 def sd3_config(**overrides: Any) -> dict[str, Any]:

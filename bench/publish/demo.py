@@ -1,14 +1,14 @@
 """ToMA in one picture and one number: the "try it" command. Needs neither ComfyUI nor model weights.
 
-    python bench/demo.py                                   # scikit-image's astronaut, CPU
-    python bench/demo.py --image my.jpg --ratio 0.75 --tile-size 8 --device cuda --out toma_demo.png
+    python -m bench.publish.demo                                   # scikit-image's astronaut, CPU
+    python -m bench.publish.demo --image my.jpg --ratio 0.75 --tile-size 8 --device cuda --out toma_demo.png
 
 1. Cuts the image into a grid of p x p pixel patches (tokens; 40 x 40 tokens on the long side by
    default, so the README's picture shows each tile's kept tokens; --grid 64 is Flux at 1024 px), builds a ToMA plan from the tokens (seeded projection + LayerNorm, as in
-   bench/fidelity.py), merges the patches N -> D and unmerges them D -> N.
+   bench/tokens/fidelity.py), merges the patches N -> D and unmerges them D -> N.
 2. Writes a PNG: the image | the tile grid with each destination token marked | merged -> unmerged.
 3. Prints the reconstruction error (ToMA and, for reference, ToMe's bipartite matching at the same
-   ratio) and the speed of one Flux-width transformer block (bench/bench_core.py's single-stream
+   ratio) and the speed of one Flux-width transformer block (bench/speed/bench_core.py's single-stream
    block; width 3072 and 4096 tokens on cuda, scaled to width 768 and 1024 tokens on cpu with the
    same linear-to-attention cost balance) with and without ToMA: median of repeats after warm-up.
 
@@ -29,11 +29,9 @@ from typing import Callable
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-import fidelity as fid  # noqa: E402  (bench/fidelity.py: tokens, ToMe, metrics)
-from bench_core import FluxWidthBlock  # noqa: E402  (the block bench/bench_core.py times)
-from toma_core import SIMILARITIES, make_plan  # noqa: E402
+from ..tokens import fidelity as fid
+from ..speed.bench_core import FluxWidthBlock
+from toma_core import SIMILARITIES, make_plan
 
 
 class DemoError(Exception):
@@ -119,7 +117,6 @@ def psnr(approx: torch.Tensor, exact: torch.Tensor) -> float:
 
 def draw_panels(rec: Reconstruction, tile_size: int, title: str):
     """A PIL image: original | tile grid + destinations | ToMA merged -> unmerged."""
-    import numpy as np
     from PIL import Image, ImageDraw
 
     to_pil = lambda t: Image.fromarray((t.clamp(0, 1) * 255 + 0.5).byte().numpy())  # noqa: E731
@@ -263,7 +260,7 @@ READING = (
     "      a model never does: in a block only the block's change is spread back and each token keeps\n"
     "      its own detail. ToMe's fixed 2x2 cells rebuild flat pixels well, but in ComfyUI ToMe merges\n"
     "      only attention queries (little speed-up; none on SDXL). Image quality on trained models is\n"
-    "      measured by bench/quality.py (README, Quality) - not by this number."
+    "      measured by bench/quality/quality.py (README, Quality) - not by this number."
 )
 """Printed under the errors (issue 10): a lower ToMe error here does not mean ToMe gives better images."""
 

@@ -1,12 +1,12 @@
 """Thumbnails for example_workflows/ and the pack icon, drawn by our own code from a real ToMA plan.
 
-    python bench/make_thumbnails.py            # every example_workflows/<name>.json -> <name>.jpg, assets/icon.png
-    python bench/make_thumbnails.py --check    # exit 1 if a workflow has no thumbnail (writes nothing)
+    python -m bench.publish.make_thumbnails            # every example_workflows/<name>.json -> <name>.jpg, assets/icon.png
+    python -m bench.publish.make_thumbnails --check    # exit 1 if a workflow has no thumbnail (writes nothing)
 
 ComfyUI's template browser shows `example_workflows/<name>.jpg` next to `<name>.json`. Each picture is a
 scikit-image sample photograph cut into tokens, with the ToMA tile grid and the destination tokens that
 `toma_core.make_plan` picks at the ratio and tile size set in that workflow's ToMA node. The plan comes
-from bench/demo.py (`reconstruct`), so the thumbnail shows exactly what the demo computes.
+from bench/publish/demo.py (`reconstruct`), so the thumbnail shows exactly what the demo computes.
 
 Needs pillow and scikit-image (`pip install -e ".[demo]"`). Deterministic: same inputs, same files.
 """
@@ -19,7 +19,9 @@ import logging
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from . import demo
+
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_workflows"
 ASSETS = REPO / "assets"
 PACK_NODE_TYPES = ("ToMAPatch", "ToMAPatchAdvanced")
@@ -30,9 +32,6 @@ THUMB_GRID, THUMB_PATCH = 32, 16  # 32 x 32 tokens of 16 px: a 512 px picture
 ICON_GRID, ICON_PATCH, ICON_TILE = 16, 16, 4  # 256 px icon
 
 log = logging.getLogger("make_thumbnails")
-
-sys.path[:0] = [str(REPO / "bench"), str(REPO)]
-import demo  # noqa: E402  (bench/demo.py: the plan behind the picture)
 
 
 def toma_settings(workflow: dict) -> tuple[float, int]:
@@ -49,7 +48,7 @@ def sample_image_for(name: str) -> str:
 
 
 def plan_picture(image_name: str, ratio: float, tile_size: int, grid: int, patch: int):
-    """bench/demo.py's Reconstruction (pixels, token grid, plan) for a scikit-image sample picture."""
+    """bench/publish/demo.py's Reconstruction (pixels, token grid, plan) for a scikit-image sample picture."""
     args = demo.parse_args(["--ratio", str(ratio), "--tile-size", str(tile_size), "--grid", str(grid),
                             "--patch", str(patch), "--no-speed", "--device", "cpu"])
     demo.settle(args, demo.pick_device("cpu"))

@@ -1,12 +1,12 @@
 """Train a tiny fixture model of a ComfyUI class on crops of scikit-image's bundled photographs (issue 11).
 
-    COMFYUI_PATH=/work/shared/ComfyUI OMP_NUM_THREADS=1 python bench/train_fixtures.py --family flux --minutes 20
+    COMFYUI_PATH=/work/shared/ComfyUI OMP_NUM_THREADS=1 python -m bench.quality.train_fixtures --family flux --minutes 20
 
 Writes fixtures/<family>.safetensors (fp16 weights + the fp32 fixed conditioning),
 fixtures/<family>.json (config, codec, provenance) and fixtures/<family>_samples.png (20-step samples
 of the shipped weights through comfy.sample.sample, decoded with the codec).
 
-Model, codec and conditioning come from ``bench/trained.py``. Objectives are what ComfyUI's model
+Model, codec and conditioning come from ``bench/harness/trained.py``. Objectives are what ComfyUI's model
 sampling expects for the class; the model is called through ``BaseModel.apply_model`` (input scaling,
 timestep mapping and the denoised output exactly as at inference):
 
@@ -47,9 +47,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common  # noqa: E402  (puts tests/integration on sys.path)
-import trained  # noqa: E402
+from ..harness import cli
+from ..harness import trained
 
 COLOUR_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 GREY_PHOTOS = ("camera", "grass", "gravel", "brick")
@@ -249,7 +248,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def import_comfy() -> Path:
     """ComfyUI in cpu mode with PyTorch SDPA attention (differentiable; what GPUs use)."""
-    return bench_common.import_comfy(argparse.Namespace(attention="pytorch", device="cpu"))
+    return cli.import_comfy(argparse.Namespace(attention="pytorch", device="cpu"))
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -314,7 +313,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> dict[str, Any]:
     """Write the safetensors (fp16 weights, fp32 conditioning) and the json; returns the json dict."""
-    import comfy_env
+    from ..harness import comfy_env
     from safetensors.torch import save_file
 
     family = args.family
@@ -347,7 +346,7 @@ def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> 
             "images": "skimage.data: " + ", ".join(COLOUR_PHOTOS + GREY_PHOTOS),
             "loss_history": record["loss_history"],
         },
-        "command": "COMFYUI_PATH=<ComfyUI> OMP_NUM_THREADS=1 python " + " ".join(["bench/train_fixtures.py"] + sys.argv[1:]),
+        "command": "COMFYUI_PATH=<ComfyUI> OMP_NUM_THREADS=1 python " + " ".join(["-m", "bench.quality.train_fixtures"] + sys.argv[1:]),
         "versions": {"torch": torch.__version__, "comfyui": comfy_env.comfy_version(comfy_root),
                      "python": platform.python_version()},
     }

@@ -25,7 +25,7 @@ from typing import NoReturn
 log = logging.getLogger(__name__)
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
-"""Root of this node pack (the folder holding ``tests/``)."""
+"""Root of this node pack (the folder holding ``bench/`` and ``tests/``)."""
 
 DEFAULT_COMFY_PATH = Path("~/comfy/ComfyUI").expanduser()
 
@@ -84,6 +84,19 @@ def find_comfy_root() -> Path | None:
     return None
 
 
+def put_on_sys_path(root: Path) -> None:
+    """Put the ComfyUI root first on ``sys.path`` so ``import comfy``, ``nodes`` and ``folder_paths``
+    resolve to that tree.
+
+    The one ``sys.path`` edit in bench/ and tests/: ComfyUI is a source checkout, not an installable
+    package, and its modules import each other as top-level names (``import comfy.model_management``,
+    ``import folder_paths``) from its root. Everything else (``bench.harness``, ``toma_core``, the pack
+    through ``pack.py``) resolves from the repository root, which ``python -m`` puts on the path.
+    """
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def _force_cpu_unless_asked() -> None:
     """Set ``args.cpu`` before ``comfy.model_management`` is imported (no-op if already imported)."""
     import comfy.cli_args
@@ -105,8 +118,7 @@ def import_comfy() -> Path | str:
     if root is None:
         tried = ", ".join(str(p) for p in candidate_paths())
         return f"ComfyUI not found (set COMFYUI_PATH; tried {tried})"
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    put_on_sys_path(root)
     try:
         _force_cpu_unless_asked()
         import comfy.model_management  # noqa: F401

@@ -1,7 +1,7 @@
 """Model-level speed of ToMA on a Wan-shaped video model built from ComfyUI's own classes (issue 12).
 
-    COMFYUI_PATH=~/comfy/ComfyUI OMP_NUM_THREADS=1 ~/comfy/venv/bin/python bench/bench_wan.py   # CPU
-    python bench/bench_wan.py --device cuda --dtype bf16 --real-size                           # GPU, Wan 14B
+    COMFYUI_PATH=~/comfy/ComfyUI OMP_NUM_THREADS=1 ~/comfy/venv/bin/python -m bench.speed.bench_wan   # CPU
+    python -m bench.speed.bench_wan --device cuda --dtype bf16 --real-size                           # GPU, Wan 14B
 
 Default (CPU): comfy.model_base.WAN21 (WanModel) with dim 512 (4 heads of 128, ffn 1384), 4 blocks,
 a 21 x 12 x 13 token grid (3,276 tokens) and 512 text tokens: Wan 2.1/2.2 14B at 832x480x81
@@ -25,16 +25,17 @@ from collections.abc import Callable
 
 import torch
 
-import bench_common  # (puts tests/ and tests/integration/ on sys.path)
-from bench_common import CLOCKS, DTYPES
-from bench_flux import ideal_grid, import_comfy
+from ..harness import cli, sampling, timing
+from ..harness.timing import CLOCKS
+from ..harness.cli import DTYPES
+from .bench_flux import ideal_grid, import_comfy
 
 WAN_14B = {"dim": 5120, "heads": 40, "ffn": 13824, "depth": 40, "frames": 21, "height": 30, "width": 52}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bench_common.add_device_args(p)
+    cli.add_device_args(p)
     p.add_argument("--real-size", action="store_true", help="Wan 14B at 832x480x81: dim 5120, 40 blocks, 21x30x52 tokens")
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--heads", type=int, default=4)
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--clock", choices=["auto", *CLOCKS], default="auto",
                    help="auto: cpu time on the CPU with one thread, else wall time")
-    bench_common.add_kernel_args(p)
+    cli.add_kernel_args(p)
     args = p.parse_args(argv)
     if args.real_size:
         w = WAN_14B
@@ -73,7 +74,7 @@ def build_model(args: argparse.Namespace):
         "num_heads": args.heads, "num_layers": args.depth, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6,
     }
-    return bench_common.build_patcher(comfy.supported_models.WAN21_T2V, config, args)
+    return sampling.build_patcher(comfy.supported_models.WAN21_T2V, config, args)
 
 
 def make_call(patcher, args: argparse.Namespace, grid: tuple[int, int, int]):
@@ -84,12 +85,12 @@ def make_call(patcher, args: argparse.Namespace, grid: tuple[int, int, int]):
     x = torch.randn((args.batch, 16, frames, 2 * h, 2 * w), generator=gen).to(device)
     context = torch.randn((args.batch, args.text, 4096), generator=gen).to(device, dtype)
     sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
-    return bench_common.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context)
+    return sampling.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context)
 
 
 def patch(patcher, ratio: float, tile_frames: int, args: argparse.Namespace):
     """ToMA on every block at `ratio` with tiles of `tile_frames` frames."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     settings = pack_module("nodes.settings")
     patching = pack_module("nodes.patching")
@@ -107,12 +108,12 @@ def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) 
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(args.repeats):
         for name, fn in calls.items():
-            times[name].append(bench_common.timed_ms(fn, args, clock=CLOCKS[args.clock]))
+            times[name].append(timing.timed_ms(fn, args, clock=CLOCKS[args.clock]))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
 def default_tile_frames() -> int:
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     return pack_module("nodes.settings").NODE_TILE_FRAMES
 
@@ -120,7 +121,7 @@ def default_tile_frames() -> int:
 def kept_tokens(ratio: float, tile_frames: int, args: argparse.Namespace) -> int:
     """D of a text-to-video call: frame 0 alone in spatial tiles, frames 1.. in tiles of
     `tile_frames` frames (nodes/families/wan.py)."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     grid = pack_module("toma_core").TileGrid
     first = grid(args.height, args.width, args.tile_size, ratio).num_kept
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     base = build_model(args)
     per_frame = args.height * args.width
     n = args.frames * per_frame
-    print(bench_common.run_header(root, args) + f"Wan dim {args.dim} ({args.heads} heads), ffn {args.ffn}, "
+    print(cli.run_header(root, args) + f"Wan dim {args.dim} ({args.heads} heads), ffn {args.ffn}, "
           f"{args.depth} blocks, {args.frames}x{args.height}x{args.width} = {n} video tokens + {args.text} text, "
           f"batch {args.batch}, tile {args.tile_size}, median {args.clock} time of {args.repeats} interleaved calls")
     print(f"| config | tokens | ms/call | speed-up | ideal ms | ideal x | % of ideal |")
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {label} | {d[t]} | {toma:.1f} | {plain / toma:.2f} | {best:.1f} | {plain / best:.2f} | "
                   f"{100 * (plain / toma) / (plain / best):.0f}% |")
         if args.profile and ratio == args.ratios[0]:
-            bench_common.profile_call(calls[f"toma{args.tile_frames[0]}"], args, row_limit=18)
+            timing.profile_call(calls[f"toma{args.tile_frames[0]}"], args, row_limit=18)
 
 
 if __name__ == "__main__":

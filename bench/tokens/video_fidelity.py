@@ -1,16 +1,16 @@
 """How many frames a ToMA tile should span: merge fidelity on video tokens of camera pans over
 photographs (issue 12, the advanced node's tile_frames default).
 
-    OMP_NUM_THREADS=1 python bench/video_fidelity.py            (about a minute on one core)
+    OMP_NUM_THREADS=1 python -m bench.tokens.video_fidelity            (about a minute on one core)
 
 Video. Each scikit-image sample photograph (nothing fetched, nothing stored) is resized so that a
 window of --grid x (1.5 * --grid) tokens of --patch px fits with room to pan; frame f is the window
 shifted right by f * pan px, for pans of 0 (a still shot), a quarter, one and three tokens per
-latent frame. Tokens as bench/fidelity.py makes them (seeded projection to C channels and a
+latent frame. Tokens as bench/tokens/fidelity.py makes them (seeded projection to C channels and a
 LayerNorm without affine), t-major: (1, F * h * w, C), the layout of Wan's patchified latent.
 
 Plans are the Wan adapter's: frame 0 alone in spatial tiles, frames 1.. in tiles of tile_frames x
-tile_size x tile_size (toma_core.video.make_video_plan). Errors as in bench/fidelity.py, means
+tile_size x tile_size (toma_core.video.make_video_plan). Errors as in bench/tokens/fidelity.py, means
 over the photographs: roundtrip ||U M x - x|| / ||x||, attn ||U attn(M x) - attn(x)|| / ||attn(x)||
 (a random content-based self-attention over all frames). Lower is better; the same D for every
 tile_frames up to rounding (column "kept").
@@ -20,16 +20,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import fidelity  # noqa: E402
-from toma_core.video import Segment, make_video_plan  # noqa: E402
+from . import fidelity
+from toma_core.video import Segment, make_video_plan
 
 IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "camera")
 

@@ -1,7 +1,7 @@
 """Model-level speed of ToMA on a Flux-shaped model built from ComfyUI's own classes.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python bench/bench_flux.py            # CPU
-    python bench/bench_flux.py --device cuda --dtype bf16 --real-size                   # GPU, Flux.1 sizes
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.speed.bench_flux            # CPU
+    python -m bench.speed.bench_flux --device cuda --dtype bf16 --real-size                   # GPU, Flux.1 sizes
 
 Default (CPU): comfy.model_base.Flux with hidden 768 (12 heads of 64), 2 double + 4 single blocks,
 a 32x32 image-token grid (64x64 latent) and 256 text tokens: the tokens-to-width balance of Flux.1
@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 import torch
 
-import bench_common  # (puts tests/ and tests/integration/ on sys.path)
-from bench_common import DTYPES, import_comfy  # noqa: F401  (import_comfy: model_fidelity, run_all)
+from ..harness import cli, sampling, timing
+from ..harness.cli import DTYPES, import_comfy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bench_common.add_device_args(p)
+    cli.add_device_args(p)
     p.add_argument("--real-size", action="store_true", help="Flux.1 sizes: hidden 3072, 19+38 blocks, 64x64 tokens, T=512")
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--depth", type=int, default=2)
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    bench_common.add_kernel_args(p)
+    cli.add_kernel_args(p)
     args = p.parse_args(argv)
     if args.real_size:
         args.hidden, args.depth, args.depth_single, args.grid, args.text = 3072, 19, 38, 64, 512
@@ -61,7 +61,7 @@ def build_model(args: argparse.Namespace):
         "depth": args.depth, "depth_single_blocks": args.depth_single, "axes_dim": axes, "theta": 10000,
         "patch_size": 2, "qkv_bias": True, "guidance_embed": True,
     }
-    return bench_common.build_patcher(comfy.supported_models.Flux, config, args)
+    return sampling.build_patcher(comfy.supported_models.Flux, config, args)
 
 
 def make_call(patcher, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Callable[[], torch.Tensor]:
@@ -73,7 +73,7 @@ def make_call(patcher, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Ca
     y = torch.randn((args.batch, 768), generator=gen).to(device, dtype)
     sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
     guidance = torch.full((args.batch,), 3.5, device=device)
-    return bench_common.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context, y=y, guidance=guidance)
+    return sampling.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context, y=y, guidance=guidance)
 
 
 def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) -> dict[str, float]:
@@ -85,7 +85,7 @@ def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) 
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(args.repeats):
         for name, fn in calls.items():
-            times[name].append(bench_common.timed_ms(fn, args))
+            times[name].append(timing.timed_ms(fn, args))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -100,7 +100,7 @@ def ideal_grid(tokens: int, like: tuple[int, int]) -> tuple[int, int]:
 
 def patch(patcher, ratio: float, args: argparse.Namespace, **options):
     """ToMA on every block at `ratio`; options are further ToMASettings (e.g. proportional_attention)."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     settings = pack_module("nodes.settings")
     patching = pack_module("nodes.patching")
@@ -108,7 +108,7 @@ def patch(patcher, ratio: float, args: argparse.Namespace, **options):
 
 
 def kept_tokens(ratio: float, args: argparse.Namespace) -> int:
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     grid = pack_module("toma_core").TileGrid(args.grid, args.grid, args.tile_size, ratio)
     return grid.num_kept
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     root = import_comfy(args)
     base = build_model(args)
     n = args.grid * args.grid
-    print(bench_common.run_header(root, args) + f"hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "
+    print(cli.run_header(root, args) + f"hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "
           f"{args.grid}x{args.grid} image tokens + {args.text} text, batch {args.batch}, tile {args.tile_size}, "
           f"median of {args.repeats} calls")
     print(f"{'config':<14}{'tokens':>8}{'ms/call':>10}{'speed-up':>10}{'ideal ms':>10}{'ideal x':>9}{'vs ideal':>10}")
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'ToMA ' + format(ratio, 'g'):<14}{d:>8}{toma:>10.1f}{plain / toma:>10.2f}{ideal:>10.1f}"
               f"{plain / ideal:>9.2f}{(toma / ideal - 1) * 100:>9.1f}%")
         if args.profile and ratio == args.ratios[0]:
-            bench_common.profile_call(calls["toma"], args, row_limit=18)
+            timing.profile_call(calls["toma"], args, row_limit=18)
 
 
 if __name__ == "__main__":

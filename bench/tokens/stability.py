@@ -1,11 +1,11 @@
 """How far a tiny perturbation moves the sampled image, unpatched against ToMA (issue 11 point 6).
 
-    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python bench/stability.py --tie-tolerances 0,1e-4
-    python bench/stability.py --families flux --seeds 1 --compile        # also eager against inductor
+    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python -m bench.tokens.stability --tie-tolerances 0,1e-4
+    python -m bench.tokens.stability --families flux --seeds 1 --compile        # also eager against inductor
 
 Destination choice is discrete: where two candidate tokens are nearly as good, float noise decides,
 and a flipped pick changes the merged tokens and the rest of the trajectory. On each trained fixture
-(bench/trained.py), for each seed, the image sampled through comfy.sample.sample is compared (PSNR,
+(bench/harness/trained.py), for each seed, the image sampled through comfy.sample.sample is compared (PSNR,
 dB; inf = bit-identical) with the image sampled after one perturbation:
 
 - noise: the initial noise plus 1e-6 (--eps) times another seeded normal draw;
@@ -31,17 +31,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from ..harness import cli
 
-import bench_common  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
+BENCH = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bench_common.add_device_args(p)
-    bench_common.add_kernel_args(p)
+    cli.add_device_args(p)
+    cli.add_kernel_args(p)
     p.add_argument("--families", nargs="*", help="fixtures to use (default: every one present)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per family")
     p.add_argument("--eps", type=float, default=1e-6, help="size of the perturbations")
@@ -60,7 +58,7 @@ def psnr(reference: np.ndarray, image: np.ndarray) -> float:
 def sampler(family: str) -> Callable[[Any, torch.Tensor, int], np.ndarray]:
     """sample(model, noise, seed) -> decoded image (H, W, 3) for this fixture's sampler settings."""
     import comfy.sample
-    import trained
+    from ..harness import trained
 
     positive, negative = trained.conditioning(family)
     latent = torch.zeros(trained.latent_shape(family))
@@ -108,8 +106,8 @@ def perturbations(model: Any, eps: float, compile_too: bool) -> dict[str, Callab
 
 def run_family(family: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     import comfy.sample
-    import trained
-    from pack import pack_module
+    from ..harness import trained
+    from ..harness.pack import pack_module
 
     facility = pack_module("toma_core.facility")
     toma_node = pack_module("nodes.toma_nodes").ToMAPatch
@@ -148,14 +146,14 @@ def markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    root = bench_common.import_comfy(args)
+    root = cli.import_comfy(args)
     torch.set_num_threads(args.threads)
-    import trained
+    from ..harness import trained
 
     families = args.families or list(trained.available())
     if not families:
-        sys.exit(f"error: no fixture in {trained.FIXTURE_DIR}; run bench/train_fixtures.py first")
-    print(bench_common.run_header(root, args) + f"eps {args.eps:g}, {args.seeds} seeds", flush=True)
+        sys.exit(f"error: no fixture in {trained.FIXTURE_DIR}; run bench/quality/train_fixtures.py first")
+    print(cli.run_header(root, args) + f"eps {args.eps:g}, {args.seeds} seeds", flush=True)
     rows = [row for family in families for row in run_family(family, args)]
     names = [k for k in rows[0] if k not in ("family", "row") and not k.endswith(" min")]
     print(markdown(rows, names))

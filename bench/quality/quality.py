@@ -1,8 +1,8 @@
 """Image quality of ToMA on the trained fixtures, against what a user would do instead (issue 11 point 2).
 
-    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python bench/quality.py                 # every fixture
-    python bench/quality.py --families flux --quick --out /tmp/q                       # smoke run
-    python bench/quality.py --combine /tmp/q_flux /tmp/q_sd15 --out /tmp/q             # one report of two runs
+    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python -m bench.quality.quality                 # every fixture
+    python -m bench.quality.quality --families flux --quick --out /tmp/q                       # smoke run
+    python -m bench.quality.quality --combine /tmp/q_flux /tmp/q_sd15 --out /tmp/q             # one report of two runs
 
 Every row is a chain of nodes as a user wires them (Load -> ToMA -> EasyCache -> KSampler): the
 pack's ToMA nodes and ComfyUI's EasyCache, LazyCache and TomePatchModel, each called through its
@@ -52,12 +52,10 @@ from typing import Any
 import numpy as np
 import torch
 
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from ..harness import cli
+from ..harness.timing import CLOCKS
 
-import bench_common  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
-from bench_common import CLOCKS  # noqa: E402
+BENCH = Path(__file__).resolve().parents[1]
 
 REFERENCE = "unpatched"
 """Label of the reference row: the unpatched model at the sampler's step count."""
@@ -249,7 +247,7 @@ def node_classes() -> dict[str, type]:
     """The nodes a row's chain may name, as ComfyUI registers them."""
     from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
     from comfy_extras.nodes_tomesd import TomePatchModel
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     nodes = pack_module("nodes.toma_nodes")
     return {"ToMAPatch": nodes.ToMAPatch, "ToMAPatchAdvanced": nodes.ToMAPatchAdvanced, "EasyCache": EasyCacheNode,
@@ -347,7 +345,7 @@ class Family:
 
 
 def load_family(name: str) -> Family:
-    import trained
+    from ..harness import trained
 
     positive, negative = trained.conditioning(name)
     return Family(name, trained.load_model(name), positive, negative, dict(trained.SAMPLER[name]),
@@ -358,7 +356,7 @@ def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[dict[
     """Seconds of one whole comfy.sample.sample call on each of CLOCKS, the decoded image (H, W, 3)
     and its log summary."""
     import comfy.sample
-    import trained
+    from ..harness import trained
 
     noise = comfy.sample.prepare_noise(fam.latent, seed)
     s = fam.sampler
@@ -496,7 +494,7 @@ def combine(folders: list[Path], out: Path) -> str:
     the setup line of the first run. Returns the Markdown written to out/quality.md."""
     import shutil
 
-    import quality_report
+    from . import quality_report
 
     runs = [json.loads((folder / "quality.json").read_text()) for folder in folders]
     metas = [meta for run in runs for meta in run["families"]]
@@ -519,10 +517,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.combine:
         print(combine(args.combine, args.out))
         return 0
-    root = bench_common.import_comfy(args)
+    root = cli.import_comfy(args)
     torch.set_num_threads(args.threads)
-    import trained
-    import quality_report
+    from ..harness import trained
+    from . import quality_report
 
     families = args.families or list(trained.available())
     missing = [f for f in families if f not in trained.available()]
@@ -535,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         handler.setLevel(max(handler.level, logging.WARNING))
     root_logger.addHandler(tap)
     root_logger.setLevel(logging.INFO)  # EasyCache logs its summary with logging.info on the root logger
-    header = bench_common.run_header(root, args)
+    header = cli.run_header(root, args)
     print(header + f"families {', '.join(families)}, {args.seeds} seeds, {args.repeats} passes", flush=True)
     results, metas, images = [], [], {}
     for family in families:
@@ -545,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         metas.append(meta)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality.json").write_text(json.dumps(
-        {"setup": header, "command": " ".join(sys.argv), "families": metas, "rows": [asdict(r) for r in results]},
+        {"setup": header, "command": " ".join(["python", "-m", "bench.quality.quality", *sys.argv[1:]]), "families": metas, "rows": [asdict(r) for r in results]},
         indent=1))
     table = quality_report.markdown(header, metas, results)
     (args.out / "quality.md").write_text(table)

@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 from typing import NoReturn
 
-from comfy_env import skip_or_fail
+from .comfy_env import skip_or_fail
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY = Path(os.environ.get("TOMA_THIRD_PARTY") or PACK_ROOT.parent / "shared" / "third_party")

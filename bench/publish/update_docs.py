@@ -1,8 +1,8 @@
-"""Write the README's "## Results" section from a bench/run_all.py output folder, or its
-"## Quality" section from a bench/quality.py output folder.
+"""Write the README's "## Results" section from a bench/publish/run_all.py output folder, or its
+"## Quality" section from a bench/quality/quality.py output folder.
 
-    python bench/update_readme.py                       # reads bench/out/results.json, edits README.md
-    python bench/update_readme.py --quality bench/out/quality   # reads quality.md and its figures
+    python -m bench.publish.update_docs                       # reads bench/out/results.json, edits README.md
+    python -m bench.publish.update_docs --quality bench/out/quality   # reads quality.md and its figures
 
 Copies the run's plots to assets/results/ (assets/quality/) and replaces the text between the
 section's heading and the next "## " heading (the section is created before "## License", or the
@@ -19,12 +19,10 @@ import shutil
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from . import run_all
 
-import run_all  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
 
 HEADING = "## Results"
 QUALITY_HEADING = "## Quality"
@@ -39,13 +37,13 @@ the speed-ups are smaller than on Flux.1 / SDXL at 1024 px (see Results); the qu
 equal speed-up is what this section is for. The SD1.5 fixture (32 px, 1.5M parameters, 30 ms a step)
 is too small for any token merging to save time (ToMA and ComfyUI's ToMe both run at about 1.0x
 there): read its rows for quality, and ComfyUI's ToMe beside ToMA. This section is written from the run's quality.md by
-`bench/update_readme.py --quality`."""
+`bench/publish/update_docs.py --quality`."""
 
 INTRO = """\
-Every number below was printed by `bench/run_all.py` in one run, on the machine named under it, and
-this section was written from that run's `results.json` by `bench/update_readme.py`. Models are
+Every number below was printed by `bench/publish/run_all.py` in one run, on the machine named under it, and
+this section was written from that run's `results.json` by `bench/publish/update_docs.py`. Models are
 ComfyUI's own Flux and SDXL classes at reduced width/depth on CPU (keeping the real models'
-tokens-to-width balance at 1024x1024; see bench/bench_flux.py and bench/bench_sdxl.py), with **random weights**: the
+tokens-to-width balance at 1024x1024; see bench/speed/bench_flux.py and bench/speed/bench_sdxl.py), with **random weights**: the
 speed-ups are what the merge buys on those shapes; the relative errors compare ratios and methods on
 a pure-noise latent (the first sampling step), where neighbouring tokens are less alike than in a
 trained model on a real image, so they are not a measure of image quality: these tables are speed
@@ -68,11 +66,11 @@ def section_text(results: dict, image_dir: str) -> str:
     lines += ["Commands (from the repository root; the first one took "
               f"{results['seconds']:.0f} s here):", "", "```bash",
               f"COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/{results['command']}",
-              "python bench/update_readme.py          # this section, from bench/out/results.json",
+              "python -m bench.publish.update_docs          # this section, from bench/out/results.json",
               "```", "",
               f"Machine: {run_all.machine_line(machine)}.", ""]
     if machine["device"] == "cpu":
-        lines += ["`python bench/run_all.py --device cuda` runs Flux.1 / SDXL sizes (bf16 / fp16) on a GPU; "
+        lines += ["`python -m bench.publish.run_all --device cuda` runs Flux.1 / SDXL sizes (bf16 / fp16) on a GPU; "
                   "it has not been run for this section, so no GPU numbers are quoted.", ""]
     body = run_all.render_markdown(results, image_dir=image_dir, heading="##", header=False)
     return "\n".join(lines) + "\n" + body.rstrip() + "\n"
@@ -96,8 +94,8 @@ def quality_section(src: Path, image_dir: str) -> str:
     lines = [QUALITY_HEADING, "", QUALITY_INTRO, "", "```bash",
              *(f"COMFYUI_PATH=/path/to/ComfyUI python {command}" for command in runs)]
     if len(runs) > 1:
-        lines.append("python bench/quality.py --combine <the --out folders above> --out bench/out/quality")
-    lines += ["python bench/update_readme.py --quality bench/out/quality   # this section", "```", ""]
+        lines.append("python -m bench.quality.quality --combine <the --out folders above> --out bench/out/quality")
+    lines += ["python -m bench.publish.update_docs --quality bench/out/quality   # this section", "```", ""]
     body = (src / "quality.md").read_text().split("\n## ")
     lines.append(body[0].split("\n", 1)[1].strip())  # the setup line, without quality.md's own title
     for chunk in body[1:]:
@@ -135,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(ROOT / "bench" / "out"), help="run_all.py output folder")
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--assets", default="assets/results", help="plot folder, relative to the README")
-    p.add_argument("--quality", help="bench/quality.py output folder: write the Quality section instead")
+    p.add_argument("--quality", help="bench/quality/quality.py output folder: write the Quality section instead")
     args = p.parse_args(argv)
     readme = Path(args.readme)
     if args.quality:

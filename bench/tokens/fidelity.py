@@ -2,7 +2,7 @@
 
 Run from the repository root (CPU, 1-3 minutes with the defaults on 2 shared cores):
 
-    python bench/fidelity.py         (writes bench/out/fidelity/fidelity.md and fidelity.json)
+    python -m bench.tokens.fidelity         (writes bench/out/fidelity/fidelity.md and fidelity.json)
 
 Tokens. Each of scikit-image's bundled sample photographs (nothing is fetched at run time, no image
 is stored in this repository) is resized so that its long side is `--grid` tokens of `--patch` x
@@ -54,11 +54,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from toma_core import BUDGETS, SIMILARITIES, make_plan  # noqa: E402
+from toma_core import BUDGETS, SIMILARITIES, make_plan
 
 log = logging.getLogger("toma.fidelity")
 
@@ -67,7 +63,7 @@ RATIOS = (0.25, 0.5, 0.75)
 TILE_SIZES = (2, 4, 8)
 TEMPERATURES = (1e-3, 1e-2, 0.0)
 METRICS = ("roundtrip", "attn", "attn_prop", "attn_q")
-COMPARE = (  # the nodes' default at the time of writing, and the setting bench/fidelity.py favours
+COMPARE = (  # the nodes' default at the time of writing, and the setting bench/tokens/fidelity.py favours
     "toma (similarity=cosine, tile=4, temperature=0.001, budget=tile)",
     "toma (similarity=neg_sq_dist, tile=4, temperature=0.001, budget=tile)",
 )
@@ -483,7 +479,7 @@ def render_markdown(records: list[dict], args: argparse.Namespace, seconds: floa
     out = [
         "# Token-merging fidelity on natural-image tokens",
         "",
-        f"Command: `python bench/fidelity.py {' '.join(sys.argv[1:])}`  ",
+        f"Command: `python -m bench.tokens.fidelity {' '.join(sys.argv[1:])}`  ",
         f"Images: {', '.join(args.images)} (scikit-image samples); long side {args.grid} tokens of "
         f"{args.patch}x{args.patch} px; C={args.channels} (seeded projection + LayerNorm); attention: "
         f"{args.heads} heads, sharpness {args.sharpness}; ToMe averaged over {args.tome_seeds} seeds.  ",
@@ -585,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import skimage  # noqa: F401
     except ImportError:
-        print("error: bench/fidelity.py needs scikit-image (pip install scikit-image)", file=sys.stderr)
+        print("error: bench/tokens/fidelity.py needs scikit-image (pip install scikit-image)", file=sys.stderr)
         return 2
     start = time.perf_counter()
     records = sweep(args)

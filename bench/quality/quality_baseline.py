@@ -1,14 +1,14 @@
 """Record the ToMA Patch defaults' image quality on each trained fixture (issue 11 point 7).
 
-    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python bench/quality_baseline.py --write
+    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python -m bench.quality.quality_baseline --write
 
-For every fixture (bench/trained.py) and seed in SEEDS, samples the unpatched model and the model
+For every fixture (bench/harness/trained.py) and seed in SEEDS, samples the unpatched model and the model
 through the ToMA Patch node at its schema defaults, with the fixture's sampler settings, and takes
 the PSNR (dB) of ToMA's decoded image against the unpatched one. ``--write`` stores the figures
 with the defaults they were measured at in fixtures/quality_baseline.json;
 tests/integration/test_quality_regression.py recomputes them and fails when the mean drops below
 the recorded value by more than its margin, or when the node's defaults no longer match the record
-(then re-run this command after measuring the new defaults with bench/quality.py).
+(then re-run this command after measuring the new defaults with bench/quality/quality.py).
 """
 
 from __future__ import annotations
@@ -16,31 +16,28 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from ..harness import cli
 
-import bench_common  # noqa: E402  (puts tests/ and tests/integration/ on sys.path)
+BENCH = Path(__file__).resolve().parents[1]
 
 SEEDS = (0, 1, 2)
 """Seeds of the regression check: few enough for a CPU test, more than one image."""
 
 
 def baseline_path() -> Path:
-    import trained
+    from ..harness import trained
 
     return trained.FIXTURE_DIR / "quality_baseline.json"
 
 
 def node_defaults() -> dict[str, Any]:
     """The ToMA Patch node's schema defaults (every input but the model)."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     node = pack_module("nodes.toma_nodes").ToMAPatch
     return {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
@@ -49,9 +46,9 @@ def node_defaults() -> dict[str, Any]:
 def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
     """PSNR (dB) per seed of the ToMA Patch defaults against the unpatched model on `family`."""
     import comfy.sample
-    import stability
-    import trained
-    from pack import pack_module
+    from ..tokens import stability
+    from ..harness import trained
+    from ..harness.pack import pack_module
 
     base = trained.load_model(family)
     patched = pack_module("nodes.toma_nodes").ToMAPatch.execute(base, **node_defaults()).result[0]
@@ -65,7 +62,7 @@ def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
 
 def measure() -> dict[str, Any]:
     """{family: {"seeds", "psnr", "mean"}} for every fixture present, plus the defaults measured."""
-    import trained
+    from ..harness import trained
 
     record: dict[str, Any] = {"defaults": node_defaults(), "families": {}}
     for family in trained.available():
@@ -76,14 +73,14 @@ def measure() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    bench_common.add_device_args(p)
-    bench_common.add_kernel_args(p)
+    cli.add_device_args(p)
+    cli.add_kernel_args(p)
     p.add_argument("--write", action="store_true", help="store the figures in fixtures/quality_baseline.json")
     args = p.parse_args(argv)
-    bench_common.import_comfy(args)
+    cli.import_comfy(args)
     torch.set_num_threads(1)
     record = measure()
-    record["command"] = "python bench/quality_baseline.py --write"
+    record["command"] = "python -m bench.quality.quality_baseline --write"
     print(json.dumps(record, indent=1))
     if args.write:
         baseline_path().write_text(json.dumps(record, indent=1) + "\n")

@@ -54,7 +54,7 @@ SD15_UNET_CONFIG: dict[str, Any] = {
 
 def _filled(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
     """``module``'s state dict after ``init_weights`` (the test models' O(1)-activation init)."""
-    from tiny_models import init_weights
+    from .tiny_models import init_weights
 
     torch.manual_seed(seed)
     init_weights(module, None)
@@ -123,7 +123,7 @@ def sd15_checkpoint(path: Path) -> Path:
     """One checkpoint file: ``model.diffusion_model.*``, ``cond_stage_model.transformer.*``,
     ``first_stage_model.*`` (fp16)."""
     import comfy.supported_models
-    from tiny_models import build
+    from .tiny_models import build
 
     unet = build(comfy.supported_models.SD15, SD15_UNET_CONFIG, seed=3).model.diffusion_model
     tensors = {f"model.diffusion_model.{k}": v.half() for k, v in unet.state_dict().items()}

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-import tiny_models
+from . import tiny_models
 
 TEXT_LEN = 19
 """Text tokens of the test conditioning (umT5 pads to 512 in real workflows; the length is free here)."""

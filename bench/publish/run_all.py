@@ -1,31 +1,31 @@
 """Run the whole benchmark suite and write one markdown table file, one JSON file and the plots.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python bench/run_all.py          # CPU, < 10 min on 2 cores
-    python bench/run_all.py --device cuda                                           # real model sizes, bf16/fp16
-    python bench/run_all.py --smoke --out /tmp/smoke                                # tiny sizes, seconds
+    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.publish.run_all          # CPU, < 10 min on 2 cores
+    python -m bench.publish.run_all --device cuda                                           # real model sizes, bf16/fp16
+    python -m bench.publish.run_all --smoke --out /tmp/smoke                                # tiny sizes, seconds
 
 Sections (each timed in this run, speed-ups always against the unpatched model of the same run):
-- core: bench/bench_core.py, make_plan + merge + unmerge against one Flux-width block.
-- flux: bench/model_fidelity.py on bench_flux's Flux-shaped model: ms per model call, speed-up and
+- core: bench/speed/bench_core.py, make_plan + merge + unmerge against one Flux-width block.
+- flux: bench/tokens/model_fidelity.py on bench_flux's Flux-shaped model: ms per model call, speed-up and
   relative error of the denoiser output, unpatched vs ToMA per ratio vs the ideal (D tokens).
 - sdxl: the same on bench_sdxl's SDXL-shaped UNet: unpatched vs ToMA vs scope "attention" vs the
   built-in ToMe.
-- families: bench/bench_families.py, ms per model call of family-shaped SD3, Qwen-Image, Lumina2,
+- families: bench/speed/bench_families.py, ms per model call of family-shaped SD3, Qwen-Image, Lumina2,
   HunyuanVideo and HiDream models at ratio 0.5 against each one's ideal (D tokens) (issue 14).
-- wan: bench/bench_wan.py, ms per model call of a Wan-shaped video model (14B's tokens-to-width
+- wan: bench/speed/bench_wan.py, ms per model call of a Wan-shaped video model (14B's tokens-to-width
   balance at 832x480x81), unpatched vs ToMA per ratio vs the ideal (D tokens) (issue 12).
-- tokens: bench/fidelity.py, merge fidelity on natural-image tokens, ToMA vs ToMe vs pooling.
+- tokens: bench/tokens/fidelity.py, merge fidelity on natural-image tokens, ToMA vs ToMe vs pooling.
 
 Sizes. Default (CPU): the benches' CPU shapes (Flux hidden 768 with 2+4 blocks on 32x32 tokens,
 SDXL topology at model_channels 64 on a 56x56 latent, core block width 1024 on 4096 tokens, token
 fidelity for every similarity and tile 2/4/8 at the nodes' default temperature and 0). --device cuda:
 Flux.1 and SDXL sizes (random weights; bf16 for Flux and the core, fp16 for SDXL); the token
-fidelity (CPU work) as on CPU; `python bench/fidelity.py` alone runs its full sweep. --smoke: tiny everything (for the test suite, numbers meaningless).
+fidelity (CPU work) as on CPU; `python -m bench.tokens.fidelity` alone runs its full sweep. --smoke: tiny everything (for the test suite, numbers meaningless).
 The flux and sdxl sections need ComfyUI (COMFYUI_PATH or a sibling checkout); without it they are
 skipped with the reason, and the rest still runs.
 
 Writes <out>/results.md, <out>/results.json, <out>/*_speedup_vs_error.png, <out>/token_fidelity.png
-and <out>/fidelity/ (bench/fidelity.py's own tables). bench/update_readme.py turns them into the
+and <out>/fidelity/ (bench/tokens/fidelity.py's own tables). bench/publish/update_docs.py turns them into the
 README's Results section.
 """
 
@@ -44,12 +44,9 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from ..tokens import model_fidelity
 
-import model_fidelity  # noqa: E402  (also puts tests/ and tests/integration/ on sys.path)
+ROOT = Path(__file__).resolve().parents[2]
 
 SECTIONS = ("core", "flux", "sdxl", "wan", "families", "tokens")
 MODEL_SECTIONS = {"flux", "sdxl", "wan", "families"}
@@ -169,17 +166,18 @@ def machine_line(info: dict) -> str:
 # Sections
 
 
-def run_script(script: str, argv: list[str], threads: int) -> tuple[str, str]:
-    """Run a bench script with this Python; returns (command as text, stdout). Raises on failure."""
-    cmd = [sys.executable, str(BENCH / script), *argv]
+def run_script(module: str, argv: list[str], threads: int) -> tuple[str, str]:
+    """Run a bench script (``python -m bench.<module>`` from the repository root) with this Python;
+    returns (command as text, stdout). Raises on failure."""
+    cmd = [sys.executable, "-m", f"bench.{module}", *argv]
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        raise RuntimeError(f"{script} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"bench.{module} exited with {result.returncode}: {result.stderr.strip()[-2000:]}")
     prefix = [f"OMP_NUM_THREADS={threads}"] if threads else []
-    return _display([*prefix, "python", f"bench/{script}", *argv]), result.stdout
+    return _display([*prefix, "python", "-m", f"bench.{module}", *argv]), result.stdout
 
 
 def _display(cmd: list[str]) -> str:
@@ -189,7 +187,7 @@ def _display(cmd: list[str]) -> str:
 def core_section(args: argparse.Namespace, preset: Preset) -> dict:
     """bench_core.py's table (piece, median ms, % of one block) and its setup line."""
     dtype = "bf16" if args.device != "cpu" else "fp32"
-    command, stdout = run_script("bench_core.py", ["--device", args.device, "--dtype", dtype, *preset.core], args.threads)
+    command, stdout = run_script("speed.bench_core", ["--device", args.device, "--dtype", dtype, *preset.core], args.threads)
     lines = stdout.strip().splitlines()
     table = [line for line in lines if line.startswith("|")]
     rows = []
@@ -202,7 +200,7 @@ def core_section(args: argparse.Namespace, preset: Preset) -> dict:
 
 def wan_section(args: argparse.Namespace, preset: Preset) -> dict:
     """bench_wan.py's table (unpatched, ideal and ToMA per ratio, % of the ideal's speed-up) and its setup line."""
-    command, stdout = run_script("bench_wan.py", ["--device", args.device, *preset.wan], args.threads)
+    command, stdout = run_script("speed.bench_wan", ["--device", args.device, *preset.wan], args.threads)
     lines = stdout.strip().splitlines()
     table = [line for line in lines if line.startswith("|")]
     rows = []
@@ -214,7 +212,7 @@ def wan_section(args: argparse.Namespace, preset: Preset) -> dict:
 
 def families_section(args: argparse.Namespace, preset: Preset) -> dict:
     """bench_families.py's rows (per family: N, D, ms unpatched / ToMA / ideal, speed-ups) and its setup line."""
-    command, stdout = run_script("bench_families.py", ["--device", args.device, *preset.families], args.threads)
+    command, stdout = run_script("speed.bench_families", ["--device", args.device, *preset.families], args.threads)
     lines = stdout.strip().splitlines()
     keys = ("family", "ratio", "tokens", "kept", "ms", "toma_ms", "speedup", "ideal_ms", "ideal_speedup")
     rows = [dict(zip(keys, line.split())) for line in lines[2:] if line.strip()]
@@ -225,7 +223,7 @@ def families_section(args: argparse.Namespace, preset: Preset) -> dict:
 
 def node_defaults() -> dict:
     """The ToMA nodes' default similarity, tile size and temperature (nodes/settings.py)."""
-    from pack import pack_module
+    from ..harness.pack import pack_module
 
     s = pack_module("nodes.settings").ToMASettings()
     return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature,
@@ -233,7 +231,7 @@ def node_defaults() -> dict:
 
 
 def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
-    """bench/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
+    """bench/tokens/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
     default = node_defaults()
     argv = ["--out", str(out / "fidelity"), *preset.tokens]
     if preset.name in ("cpu", "cuda"):
@@ -242,7 +240,7 @@ def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
         argv += ["--temperatures", f"{default['temperature']:g}", "--budgets", default["budget"]]
     if preset.name == "smoke":
         argv += ["--similarities", default["similarity"], "--compare", ""]
-    command, _ = run_script("fidelity.py", argv, args.threads)
+    command, _ = run_script("tokens.fidelity", argv, args.threads)
     command = command.replace(str(out / "fidelity"), "<out>/fidelity")
     records = json.loads((out / "fidelity" / "fidelity.json").read_text())["records"]
     for r in records:
@@ -251,7 +249,7 @@ def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
 
 
 def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict:
-    """Speed and relative error of one model family (bench/model_fidelity.py)."""
+    """Speed and relative error of one model family (bench/tokens/model_fidelity.py)."""
     gpu = args.device != "cpu"
     if family == "flux":
         fargs = model_fidelity.flux_args(args.device, "bf16" if gpu else "fp32", preset.model_size, list(RATIOS),
@@ -270,13 +268,13 @@ def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict
 
 def import_comfy(args: argparse.Namespace) -> str:
     """Import ComfyUI the way the benches do; returns its version, raises RuntimeError if unavailable."""
-    import bench_flux
+    from ..speed import bench_flux
 
     try:
         root = bench_flux.import_comfy(bench_flux.parse_args(["--device", args.device]))
     except SystemExit as exc:
         raise RuntimeError(str(exc.code)) from None
-    import comfy_env
+    from ..harness import comfy_env
 
     return comfy_env.comfy_version(root)
 
@@ -503,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = run_sections(args, preset, info)
     info["load_average_end"] = _loadavg()
     shown = [a if a != str(out) else "<out>" for a in (argv if argv is not None else sys.argv[1:])]
-    results = {"preset": preset.name, "command": _display(["python", "bench/run_all.py", *shown]),
+    results = {"preset": preset.name, "command": _display(["python", "-m", "bench.publish.run_all", *shown]),
                "machine": info, "seconds": time.perf_counter() - start, "sections": sections}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "results.md").write_text(render_markdown(results) + "\n")

@@ -1,4 +1,4 @@
-"""Tables and figures of bench/quality.py: the comparison with "fewer steps at the same time", the
+"""Tables and figures of bench/quality/quality.py: the comparison with "fewer steps at the same time", the
 Markdown tables, a Pareto plot (PSNR against speed-up) and an image grid per family.
 
 Rows are quality.RowResult objects (duck-typed: family, label, group, speedup, psnr_mean, ...).
@@ -186,7 +186,7 @@ def across_families(families: list[str], rows: list[Any]) -> list[str]:
 
 def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
     """quality.md: the setup line, then per family its sampler settings, table and winners."""
-    out = ["# Image quality on the trained fixtures (bench/quality.py)", "", header.rstrip("; "), ""]
+    out = ["# Image quality on the trained fixtures (bench/quality/quality.py)", "", header.rstrip("; "), ""]
     for meta in metas:
         fam_rows = [r for r in rows if r.family == meta["family"]]
         s = meta["sampler"]

@@ -1,0 +1,1 @@
+"""The quality study on trained fixtures, and the fixture training itself."""

@@ -1,0 +1,1 @@
+"""Speed benches: ms per model call, ToMA against unpatched in the same run."""
