@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 
+from .contract import ToMAConfig
 from .registry import apply_family, detect_family
-from .runtime import RunState, ToMAConfig
+from .runtime import RunState
 from .settings import TOMA_KEY, ToMASettings
 from .wrappers import apply_model_wrapper, outer_sample_wrapper
 

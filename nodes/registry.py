@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from .runtime import FamilyAdapter
+from .contract import FamilyAdapter
 from .settings import ToMASettings
 
 

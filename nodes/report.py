@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .runtime import ToMAConfig
+from .contract import ToMAConfig
 
 
 @dataclass

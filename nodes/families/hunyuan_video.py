@@ -31,12 +31,13 @@ import torch
 
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment, SegmentPlan
+from ..contract import CallGeometry
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.dit_runner import Rows, merged_dit_block, tokens_match
 from ..machinery.geometry import DitAdapter, text_length
 from ..machinery.hooks import block_context, install_dit_hooks
 from ..machinery.scope import require_block_scope
-from ..runtime import CallContext, CallGeometry
+from ..runtime import CallContext
 from ..settings import NODE_TILE_FRAMES, ToMASettings
 
 SLOT = "hunyuan_video"

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
+from ..contract import CallGeometry
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.dit_runner import Rows, run_merged
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import block_context, install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
-from ..runtime import CallGeometry
 from ..settings import ToMASettings
 
 SLOT = "lumina2"

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 
 from ...toma_core import MergePlan
+from ..contract import CallGeometry
 from ..machinery.geometry import text_length
 from ..machinery.merge import features
-from ..runtime import CallContext, CallGeometry, find_call, note_orphan
+from ..runtime import CallContext, find_call, note_orphan
 from ..settings import ToMASettings
 from .unet_attention import (
     REPLACE_KEY,

@@ -38,11 +38,12 @@ from typing import Any
 import torch
 
 from ...toma_core.video import Segment, SegmentPlan, frame_runs, make_video_plan
+from ..contract import CallGeometry
 from ..machinery.dit_blocks import DitBlocks, parse_dit_blocks
 from ..machinery.geometry import text_length
 from ..machinery.hooks import block_context, install_dit_hooks
 from ..machinery.merge import features
-from ..runtime import CallContext, CallGeometry
+from ..runtime import CallContext
 from ..settings import ToMASettings
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..runtime import CallGeometry
+from ..contract import CallGeometry
 
 
 def text_length(context: torch.Tensor | None) -> int | None:

@@ -1,0 +1,64 @@
+"""The contract between a family adapter (families/) and the shared runtime (runtime.py,
+wrappers.py, report.py): what a family's `apply(model_clone, settings)` returns
+(`FamilyAdapter`), the token layout it reads from a model call (`CallGeometry`), and the fixed
+description of one patch (`ToMAConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from .settings import ToMASettings
+
+
+@dataclass(frozen=True)
+class CallGeometry:
+    """Token layout of one model call, as the family sees it from the model inputs.
+
+    height x width: the image-token grid at the model's input resolution (Flux: after the 2x2
+    patchify; UNet: the latent). text_len: T, or None when the call has no text context.
+    extra_tokens: reference-image tokens beside the image tokens (after them for Kontext and
+    Qwen-Image-Edit, before them for HunyuanVideo's reference latent); they pass through.
+    reason: when set, the whole call runs unmerged and the reason is counted.
+    frames: latent frames of a video DiT (tokens are t-major: frame, row, column).
+    """
+
+    height: int
+    width: int
+    text_len: int | None = None
+    extra_tokens: int = 0
+    reason: str | None = None
+    frames: int = 1
+
+    @property
+    def tokens(self) -> int:
+        """N, image tokens of the main grid (frames x height x width)."""
+        return self.frames * self.height * self.width
+
+
+class FamilyAdapter(Protocol):
+    """What a model family's `apply(model, settings)` returns to the shared runtime."""
+
+    family: str
+    """Family name for logs: "flux", "unet", ..."""
+
+    blocks: str
+    """Canonical text of the selected blocks, for the log line."""
+
+    num_blocks: int
+    """How many blocks (Flux) or block groups (UNet) are selected."""
+
+    def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> CallGeometry:
+        """Geometry of a call from BaseModel.apply_model's inputs: x (B, C, H, W) noisy latent,
+        context (B, T, C_txt) text conditioning, kwargs the extra conds (ref_latents, attention_mask, ...)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToMAConfig:
+    """Immutable description of one ToMA patch."""
+
+    settings: ToMASettings
+    adapter: FamilyAdapter
