@@ -39,20 +39,9 @@ from ..machinery.geometry import text_length
 from ..machinery.merge import features
 from ..runtime import CallContext, find_call, note_orphan
 from ..settings import ToMASettings
-from .unet_attention import (
-    REPLACE_KEY,
-    install_attention_patches,
-    remove_own_attention_patches,
-)
+from .unet_attention import REPLACE_KEY, install_attention_patches, remove_own_attention_patches
 from .unet_blocks import UNetBlockSpec, parse_unet_blocks
-from .unet_sites import (
-    PLAN_SLOT,
-    TOMA_MARK,
-    TransformerSite,
-    describe_blocks,
-    find_sites,
-    has_attention_replace,
-)
+from .unet_sites import PLAN_SLOT, TOMA_MARK, TransformerSite, describe_blocks, find_sites, has_attention_replace
 
 __all__ = ["REPLACE_KEY", "TOMA_MARK", "apply", "find_sites", "make_block_forward"]
 
