@@ -1,36 +1,47 @@
-"""The family registry (issue 14): which ComfyUI diffusion-model classes ToMA patches, with which
-adapter, what the README says about them, and which models it refuses and why.
+"""The family registry: which ComfyUI diffusion-model classes ToMA patches, with which adapter,
+what the README and the nodes say about them, and which models it refuses and why.
 
-Adding a family is one adapter module in families/, with
-`apply(model_clone, settings) -> FamilyAdapter` (see runtime.FamilyAdapter), plus one `Family`
-line in FAMILIES. Classes are named as "module:Class" strings and resolved only when a model is
-detected, so the registry (and the README table test) needs no ComfyUI; a class missing from the
+Each Family holds its adapter's `apply(model_clone, settings) -> FamilyAdapter` (contract.py)
+itself, so a reader (and any tool) follows a model from here to its module in families/. The
+model classes are named as "module:Class" strings and resolved only when a model is detected, so
+the registry (and the README table test) needs no ComfyUI, and a class missing from the
 installed ComfyUI (a family added after it) is skipped. The README's "Supported models" table is
-`readme_table()`, checked by tests/test_families.py.
+`readme_table()`, checked by tests/test_families.py; the nodes' description and tooltips name the
+families through `node_models()`, `blocks_examples()` and `video_models()`. Adding a family:
+docs/adding_a_family.md.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .contract import FamilyAdapter
+from .families import flux, hidream, hunyuan_video, lumina2, qwen_image, sd3, unet, wan
 from .settings import ToMASettings
+
+Apply = Callable[..., FamilyAdapter]
+"""apply(model_clone, settings): install a family's hooks on a ModelPatcher clone; return its adapter."""
 
 
 @dataclass(frozen=True)
 class Family:
     """One supported family. name: for logs; classes: ComfyUI diffusion-model classes ("module:Class");
-    adapter: the module in families/ whose `apply` installs the hooks; models, how, limits: its
-    README row."""
+    apply: its adapter's apply (families/<name>.py); title, models, how, limits: its README row;
+    node_models: how the nodes' description and model tooltip name it; blocks_example: a `blocks`
+    list for the Advanced node's tooltip; video: it reads `tile_frames`."""
 
     name: str
     classes: tuple[str, ...]
-    adapter: str
+    apply: Apply
     title: str
     models: str
     how: str
     limits: str
+    node_models: str
+    blocks_example: str
+    video: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,52 +55,60 @@ class Refusal:
 
 FAMILIES: tuple[Family, ...] = (
     Family(
-        "flux", ("comfy.ldm.flux.model:Flux", "comfy.ldm.chroma.model:Chroma"), "flux", "Flux",
+        "flux", ("comfy.ldm.flux.model:Flux", "comfy.ldm.chroma.model:Chroma"), flux.apply, "Flux",
         "Flux.1 dev, schnell, Fill, Kontext; Chroma (incl. Radiance)",
         "Replaces the dit double/single blocks. Text tokens and Kontext reference-image tokens pass through unmerged.",
         "`scope = attention`: double blocks merge q/k/v after ComfyUI's rope (see below).",
+        "Flux (incl. Kontext, Fill), Chroma", "double:5-18,single:5-37",
     ),
     Family(
-        "unet", ("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel",), "unet", "UNet",
+        "unet", ("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel",), unet.apply, "UNet",
         "SDXL, SD1.x, SD2.x",
         "Patches each selected `BasicTransformerBlock` (whole block), or only its attention (`scope = attention`).",
         "Video UNets (SVD) refused; `proportional_attention` not available.",
+        "SDXL, SD1.5, SD2", "input:4-8,middle,output:0-5",
     ),
     Family(
-        "sd3", ("comfy.ldm.modules.diffusionmodules.mmdit:MMDiT",), "sd3", "SD3",
+        "sd3", ("comfy.ldm.modules.diffusionmodules.mmdit:MMDiT",), sd3.apply, "SD3",
         "SD3 Medium, SD3.5 Large / Large Turbo / Medium (MMDiT)",
         "Replaces the dit joint blocks (`double:` in `blocks`); the text stream passes through. No rope: positions ride in the tokens.",
         "`scope = block` only; no `proportional_attention`.",
+        "SD3/SD3.5", "double:5-59",
     ),
     Family(
-        "qwen_image", ("comfy.ldm.qwen_image.model:QwenImageTransformer2DModel",), "qwen_image", "Qwen-Image",
+        "qwen_image", ("comfy.ldm.qwen_image.model:QwenImageTransformer2DModel",), qwen_image.apply, "Qwen-Image",
         "Qwen-Image, Qwen-Image-Edit",
         "Replaces the dit blocks (`double:` in `blocks`); merged tokens take their destinations' rope rows. Edit reference-image tokens pass through unmerged.",
         "`scope = block` only; no `proportional_attention`. Edit: the reference tokens are not merged, so the gain is smaller (about half the tokens stay).",
+        "Qwen-Image(-Edit)", "double:5-59",
     ),
     Family(
-        "lumina2", ("comfy.ldm.lumina.model:NextDiT",), "lumina2", "Lumina2",
+        "lumina2", ("comfy.ldm.lumina.model:NextDiT",), lumina2.apply, "Lumina2",
         "Lumina-Image 2.0 (NextDiT)",
         "Object-patches each selected main layer (`layers:` in `blocks`); caption tokens pass through, merged tokens take their destinations' rope rows and mask columns.",
         "`scope = block` only; no `proportional_attention`. The refiner layers stay exact. Z-Image is not in ComfyUI 0.3.64 and not tested.",
+        "Lumina2", "layers:5-25",
     ),
     Family(
-        "hunyuan_video", ("comfy.ldm.hunyuan_video.model:HunyuanVideo",), "hunyuan_video", "HunyuanVideo",
+        "hunyuan_video", ("comfy.ldm.hunyuan_video.model:HunyuanVideo",), hunyuan_video.apply, "HunyuanVideo",
         "HunyuanVideo (T2V, custom I2V, image-to-video v2), HunyuanImage 2.1",
         "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of 2 frames x `tile_size` x `tile_size`). Text tokens, the text mask and reference-latent tokens pass through unmerged.",
         "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
+        "HunyuanVideo", "double:5-18,single:5-37", video=True,
     ),
     Family(
-        "wan", ("comfy.ldm.wan.model:WanModel",), "wan", "Wan",
+        "wan", ("comfy.ldm.wan.model:WanModel",), wan.apply, "Wan",
         "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE; S2V runs unmerged",
         "Replaces the dit blocks (`blocks:5-39` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
         "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
+        "Wan", "blocks:5-39", video=True,
     ),
     Family(
-        "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), "hidream", "HiDream",
+        "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), hidream.apply, "HiDream",
         "HiDream-I1 (Full, Dev, Fast)",
         "Object-patches each selected double/single stream block; text tokens pass through, merged tokens take their destinations' rope rows.",
         "`scope = block` only; no `proportional_attention`. Attention is ~9% of its block compute (MoE feed-forward): the gain is in the linear layers; merged tokens are routed on merged features. E1 edit calls run unmerged.",
+        "HiDream", "double:5-18,single:5-37",
     ),
 )
 
@@ -147,8 +166,26 @@ def detect_family(model) -> Family:
 
 def apply_family(family: Family, model, settings: ToMASettings) -> FamilyAdapter:
     """Install the family's hooks on `model` (a ModelPatcher clone); return its runtime adapter."""
-    adapter = importlib.import_module(f".families.{family.adapter}", __package__)
-    return adapter.apply(model, settings)
+    return family.apply(model, settings)
+
+
+def node_models() -> str:
+    """'Flux (incl. Kontext, Fill), Chroma, SDXL, ...': the families as the nodes name them."""
+    return ", ".join(f.node_models for f in FAMILIES)
+
+
+def blocks_examples() -> str:
+    """"'double:5-18,single:5-37' (Flux, HunyuanVideo, HiDream), ...": one `blocks` example per
+    block layout, with the families that share it."""
+    layouts: dict[str, list[str]] = {}
+    for f in FAMILIES:
+        layouts.setdefault(f.blocks_example, []).append(f.title)
+    return ", ".join(f"'{example}' ({', '.join(titles)})" for example, titles in layouts.items())
+
+
+def video_models() -> str:
+    """'HunyuanVideo, Wan': the families whose tiles span frames (`tile_frames`)."""
+    return ", ".join(f.title for f in FAMILIES if f.video)
 
 
 def readme_table() -> str:

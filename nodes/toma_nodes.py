@@ -10,15 +10,15 @@ from comfy_api.latest import io
 
 from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
 from .patching import patch_model
+from .registry import blocks_examples, node_models, video_models
 from .settings import (
     NODE_START_PERCENT, NODE_TILE_FRAMES, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
 )
 
 CATEGORY = "model_patches/ToMA"
 DESCRIPTION = (
-    "Speeds up Flux-family, SDXL/SD1.5, SD3, Qwen-Image, Lumina2, HiDream, Wan and HunyuanVideo models by "
-    "running their transformer blocks on fewer, merged image tokens (ToMA token merging) and spreading "
-    "each block's change back to every token."
+    f"Speeds up {node_models()} models by running their transformer blocks on fewer, merged image "
+    "tokens (ToMA token merging) and spreading each block's change back to every token."
 )
 OUTPUT_TOOLTIP = "The model with ToMA token merging; the input model is left unchanged."
 
@@ -26,8 +26,7 @@ OUTPUT_TOOLTIP = "The model with ToMA token merging; the input model is left unc
 def basic_inputs() -> list:
     """Inputs shared by both nodes, in the order of issue 3 point 1."""
     return [
-        io.Model.Input("model", tooltip="The diffusion model to speed up (Flux, Flux Kontext/Fill, Chroma, SDXL, SD1.5, "
-                       "SD3/SD3.5, Qwen-Image(-Edit), Lumina2, HiDream, Wan, HunyuanVideo)."),
+        io.Model.Input("model", tooltip=f"The diffusion model to speed up ({node_models()})."),
         io.Float.Input(
             "ratio", default=0.5, min=RATIO_RANGE[0], max=RATIO_RANGE[1], step=0.05,
             tooltip="Share of image tokens merged away inside the merged blocks. Higher is faster and "
@@ -88,9 +87,7 @@ def advanced_inputs() -> list:
     return [
         io.String.Input(
             "blocks", default="auto",
-            tooltip="Blocks that merge: 'auto' (recommended per model), 'all', or a list such as "
-            "'double:5-18,single:5-37' (Flux, HunyuanVideo, HiDream), 'double:5-59' (Qwen-Image, SD3), "
-            "'layers:5-25' (Lumina2), 'blocks:5-39' (Wan) or 'input:4-8,middle,output:0-5' (UNet).",
+            tooltip=f"Blocks that merge: 'auto' (recommended per model), 'all', or a list such as {blocks_examples()}.",
         ),
         io.Int.Input(
             "min_tokens", default=0, min=0, max=1 << 20,
@@ -137,7 +134,7 @@ def tile_frames_input() -> io.Int.Input:
     """Last on the advanced node (issue 12): saved workflows keep their positional widget values."""
     return io.Int.Input(
         "tile_frames", default=NODE_TILE_FRAMES, min=TILE_FRAMES_RANGE[0], max=TILE_FRAMES_RANGE[1],
-        tooltip="Video models (Wan, HunyuanVideo): latent frames a merge tile spans (tiles are tile_size x tile_size "
+        tooltip=f"Video models ({video_models()}): latent frames a merge tile spans (tiles are tile_size x tile_size "
         "tokens x this many frames). 2 lets a token merge with its neighbour in the next frame; 1 "
         "merges within each frame only. Frame 0 never merges with later frames. Image models ignore it.",
     )
