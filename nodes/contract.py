@@ -62,3 +62,21 @@ class ToMAConfig:
 
     settings: ToMASettings
     adapter: FamilyAdapter
+
+
+@dataclass(frozen=True)
+class Unmerged:
+    """Why something stays unmerged, in place of the merged result a function would return.
+
+    reason: counted under it in the run's log line; None: there was nothing to merge (not counted).
+    """
+
+    reason: str | None
+
+
+TOKENS_DIFFER = Unmerged("image tokens differ from the latent grid")
+"""A block saw another token count than the call's geometry predicts."""
+
+NOTHING_TO_MERGE = Unmerged(None)
+"""Nothing to merge in this block (no rope table to gather, a plan that keeps every token): it runs
+as it is, uncounted."""

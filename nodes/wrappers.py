@@ -13,11 +13,11 @@ per-call state of runtime.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import torch
 
 from ..toma_core import StepDecision
+from .call_args import transformer_options_of
 from .report import bypassed, format_report
 from .runtime import (
     TORCH_COMPILE_KWARGS, CallContext, CallGeometry, RunState, compiling, enter_call, leave_call, orphan_count,
@@ -66,7 +66,7 @@ def apply_model_wrapper(executor, *args, **kwargs):
     transformer_options, **extra conds); transformer_options may also come as a keyword.
     """
     args = list(args)
-    options, put_back = _options_of(args, kwargs)
+    options, put_back = transformer_options_of(args, kwargs)
     state = options.get(TOMA_KEY) if isinstance(options, dict) else None
     if not isinstance(state, RunState):
         return executor(*args, **kwargs)
@@ -106,14 +106,6 @@ def _count_idle_call(state: RunState, ctx: CallContext) -> None:
     stats.merged_per_step[ctx.step] -= 1
     if stats.merged_per_step[ctx.step] <= 0:
         stats.steps_merged.discard(ctx.step)
-
-
-def _options_of(args: list, kwargs: dict) -> tuple[dict | None, Callable[[dict], None]]:
-    if "transformer_options" in kwargs:
-        return kwargs["transformer_options"], lambda new: kwargs.__setitem__("transformer_options", new)
-    if len(args) > 5:
-        return args[5], lambda new: args.__setitem__(5, new)
-    return None, lambda new: kwargs.__setitem__("transformer_options", new)
 
 
 def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | None, options: dict, kwargs: dict) -> CallContext:

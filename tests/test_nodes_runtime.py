@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from bench.harness.pack import pack_module
 
+contract = pack_module("nodes.contract")
 runtime = pack_module("nodes.runtime")
 wrappers = pack_module("nodes.wrappers")
 settings_mod = pack_module("nodes.settings")
@@ -183,12 +184,12 @@ def test_merge_rows_broadcasts_batch_one():
 def test_merge_mask_square_and_refuses_other_layouts():
     plan = core.make_plan(torch.randn(1, 16, 8), 4, 4, 0.5, 2)
     mask = torch.randn(1, 20, 20)
-    merged, why = flux.merge_mask(mask, plan, 4, 16, 20)
+    merged = flux.merge_mask(mask, plan, 4, 16, 20)
     d = plan.num_kept
-    assert why is None and merged.shape == (1, 4 + d, 4 + d)
+    assert not isinstance(merged, contract.Unmerged) and merged.shape == (1, 4 + d, 4 + d)
     idx = torch.cat([torch.arange(4), 4 + plan.dst_index[0]])
     assert torch.equal(merged[0], mask[0][idx][:, idx])
-    assert flux.merge_mask(torch.randn(1, 20), plan, 4, 16, 20)[1] is not None
+    assert isinstance(flux.merge_mask(torch.randn(1, 20), plan, 4, 16, 20), contract.Unmerged)
 
 
 def test_identity_plan_span_roundtrip_is_exact():

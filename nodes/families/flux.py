@@ -29,10 +29,12 @@ from collections.abc import Callable
 import torch
 
 from ...toma_core import MergePlan
+from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import block_context, install_dit_hooks
+from ..machinery.hooks import install_dit_hooks
 from ..machinery.merge import add_key_bias, features, merge_mask, merge_rows, merge_span, unmerge_span
+from ..machinery.skeleton import run_hook
 from ..runtime import CallContext
 from ..settings import ToMASettings
 from .flux_attention import attention_options
@@ -60,34 +62,34 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
 
 def merged_double(args: dict, extra: dict, block: Block) -> dict:
     """Double block: args img (B, N[+R], C), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
-    ctx = block_context(args, extra)
-    if ctx is None or not ctx.merge:
-        return block(args)
-    g = ctx.geometry
-    img, text_len = args["img"], args["txt"].shape[1]
-    if img.shape[1] != g.tokens + g.extra_tokens:
-        ctx.record_block(False, "image tokens differ from the latent grid")
-        return block(args)
-    if ctx.settings.scope == "attention":
-        return _merged_attention(args, block, ctx, text_len, text_len + img.shape[1])
-    return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
+
+    def merged(ctx: CallContext) -> dict | Unmerged:
+        g = ctx.geometry
+        img, text_len = args["img"], args["txt"].shape[1]
+        if img.shape[1] != g.tokens + g.extra_tokens:
+            return TOKENS_DIFFER
+        if ctx.settings.scope == "attention":
+            return _merged_attention(args, block, ctx, text_len, text_len + img.shape[1])
+        return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
+
+    return run_hook(args, extra, lambda: block(args), merged)
 
 
 def merged_single(args: dict, extra: dict, block: Block) -> dict:
     """Single block: args img = [txt; img; ref] (B, T+N+R, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
-    ctx = block_context(args, extra)
-    if ctx is None or not ctx.merge:
-        return block(args)
-    g = ctx.geometry
-    seq = args["img"]
-    text_len = seq.shape[1] - g.tokens - g.extra_tokens
-    if text_len < 0:
-        ctx.record_block(False, "image tokens differ from the latent grid")
-        return block(args)
-    return _merged_block(args, block, ctx, text_len, text_len, seq.shape[1])
+
+    def merged(ctx: CallContext) -> dict | Unmerged:
+        g = ctx.geometry
+        seq = args["img"]
+        text_len = seq.shape[1] - g.tokens - g.extra_tokens
+        if text_len < 0:
+            return TOKENS_DIFFER
+        return _merged_block(args, block, ctx, text_len, text_len, seq.shape[1])
+
+    return run_hook(args, extra, lambda: block(args), merged)
 
 
-def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_len: int, length: int) -> dict:
+def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_len: int, length: int) -> dict | Unmerged:
     """Run `block` on merged image tokens and unmerge its output.
 
     The N image tokens sit at [start, start+N) of args img and at [text_len, text_len+N) of the
@@ -96,35 +98,31 @@ def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_l
     """
     seq, n = args["img"], ctx.geometry.tokens
     prepared = _plan_and_mask(args, ctx, seq[:, start:start + n], text_len, length)
-    if prepared is None:
-        return block(args)
+    if isinstance(prepared, Unmerged):
+        return prepared
     plan, mask = prepared
     x, x_m, seq_m = merge_span(seq, start, n, plan)
     out = block(dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
-    ctx.record_block(True)
     return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))
 
 
-def _merged_attention(args: dict, block: Block, ctx: CallContext, text_len: int, length: int) -> dict:
+def _merged_attention(args: dict, block: Block, ctx: CallContext, text_len: int, length: int) -> dict | Unmerged:
     """Run a double block whose attention alone sees merged image tokens (scope "attention")."""
     prepared = _plan_and_mask(args, ctx, args["img"][:, :ctx.geometry.tokens], text_len, length)
-    if prepared is None:
-        return block(args)
+    if isinstance(prepared, Unmerged):
+        return prepared
     plan, mask = prepared
-    out = block(dict(args, transformer_options=attention_options(args.get("transformer_options"), plan, text_len, mask)))
-    ctx.record_block(True)
-    return out
+    return block(dict(args, transformer_options=attention_options(args.get("transformer_options"), plan, text_len, mask)))
 
 
-def _plan_and_mask(args: dict, ctx: CallContext, image: torch.Tensor, text_len: int, length: int) -> tuple[MergePlan, torch.Tensor | None] | None:
+def _plan_and_mask(args: dict, ctx: CallContext, image: torch.Tensor, text_len: int, length: int) -> tuple[MergePlan, torch.Tensor | None] | Unmerged:
     """This call's plan (built from `image` (B, N, C) if missing) and the block's attention mask
     merged to the T + D [+ R] layout, with the proportional-attention bias when enabled.
-    None (recorded as an unmerged block run) when the mask has another layout."""
+    Unmerged when the mask has another layout."""
     g = ctx.geometry
     plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(image))
-    mask, why = merge_mask(args.get("attn_mask"), plan, text_len, g.tokens, length)
-    if why:
-        ctx.record_block(False, why)
-        return None
+    mask = merge_mask(args.get("attn_mask"), plan, text_len, g.tokens, length)
+    if isinstance(mask, Unmerged):
+        return mask
     bias = plan.size_bias() if ctx.settings.proportional_attention else None
     return plan, add_key_bias(mask, bias, text_len, length - g.tokens + plan.num_kept, image.dtype)

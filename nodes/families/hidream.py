@@ -1,18 +1,17 @@
-"""ToMA for HiDream-I1 (`comfy.ldm.hidream.model.HiDreamImageTransformer2DModel`, issue 14).
+"""ToMA for HiDream-I1 (`comfy.ldm.hidream.model.HiDreamImageTransformer2DModel`).
 
 HiDream has no replace key: each selected `double_stream_blocks.{i}` / `single_stream_blocks.{i}`
 (a `HiDreamImageBlock`) gets an object patch of its `forward`, called with keywords image_tokens,
-image_tokens_masks, text_tokens, adaln_input, rope, transformer_options (research/
-dit_family.md §6.5). The image comes first everywhere: double blocks get image_tokens (B, N, C)
+image_tokens_masks, text_tokens, adaln_input, rope, transformer_options (as
+HiDreamImageTransformer2DModel.forward calls them). The image comes first everywhere: double blocks get image_tokens (B, N, C)
 beside their text; single blocks get image_tokens = [image (N); text] and return that sequence;
 rope (B, N + T_all, 1, hd/2, 2, 2) has the image rows first. The block runs on M image with the
 destinations' rope rows; modulation is per sample. The MoE feed-forward routes each merged
 token on its merged features (legal, but the routing changes).
 
-Attention is only about 9 % of HiDream's block compute (the MoE dominates), so merging saves
-mostly linear work (research §8); measured before enabling it: 1.67x at ratio 0.5 against an
-ideal of 1.68x on the CPU bench (README, "Speed on each DiT family"). Refused per call (run
-unmerged, with the reason): the E1 edit condition (`image_cond`, concatenated along the width,
+Attention is a small share of HiDream's block compute (the MoE feed-forward dominates), so
+merging saves mostly linear work; the speed-up is measured by bench/bench_families.py (figures in
+the README's "Speed on each DiT family"). Refused per call (run unmerged, with the reason): the E1 edit condition (`image_cond`, concatenated along the width,
 so tiles would cross the seam) and list inputs with token masks.
 """
 
@@ -24,12 +23,14 @@ from typing import Any
 
 import torch
 
-from ..contract import CallGeometry
+from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
-from ..machinery.dit_runner import Rows, run_merged, tokens_match
+from ..machinery.dit_runner import ImageSpan, Rows, run_merged
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import block_context, install_forward_patches, module_forward
+from ..machinery.hooks import install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
+from ..machinery.skeleton import run_hook
+from ..runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "hidream"
@@ -72,24 +73,21 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None, double: bool)
             return run(image_tokens=seq, image_tokens_masks=image_tokens_masks, text_tokens=text_tokens,
                        adaln_input=adaln_input, rope=rows, transformer_options=transformer_options)
 
-        ctx = block_context({"transformer_options": transformer_options})
-        if ctx is None or not ctx.merge or rope is None:
-            return call(image_tokens, rope)
-        n = ctx.geometry.tokens
-        if image_tokens_masks is not None:
-            ctx.record_block(False, "image_tokens_masks present")
-            return call(image_tokens, rope)
-        if not tokens_match(ctx, image_tokens.shape[1] if double else min(image_tokens.shape[1], n), n):
-            return call(image_tokens, rope)
-        done, out = run_merged(
-            ctx, SLOT, image_tokens, 0, {"rope": rope}, (Rows("rope", 1, 0),), rope.shape[1],
-            call=lambda seq, merged: call(seq, merged["rope"]),
-            output=lambda result: result[0] if double else result,
-            rebuild=lambda result, seq: (seq, result[1]) if double else seq,
-        )
-        if done:
-            return out
-        ctx.record_block(False, out)
-        return call(image_tokens, rope)
+        def merged(ctx: CallContext) -> Any:
+            n = ctx.geometry.tokens
+            if rope is None:
+                return NOTHING_TO_MERGE
+            if image_tokens_masks is not None:
+                return Unmerged("image_tokens_masks present")
+            if (image_tokens.shape[1] if double else min(image_tokens.shape[1], n)) != n:
+                return TOKENS_DIFFER
+            return run_merged(
+                ctx, SLOT, image_tokens, ImageSpan(0, (Rows("rope", 1, 0),), rope.shape[1]), {"rope": rope},
+                call=lambda seq, merged: call(seq, merged["rope"]),
+                output=lambda result: result[0] if double else result,
+                rebuild=lambda result, seq: (seq, result[1]) if double else seq,
+            )
+
+        return run_hook({"transformer_options": transformer_options}, None, lambda: call(image_tokens, rope), merged)
 
     return toma_forward

@@ -1,6 +1,6 @@
-"""ToMA for HunyuanVideo and HunyuanImage 2.1 (`comfy.ldm.hunyuan_video.model.HunyuanVideo`, issue 14).
+"""ToMA for HunyuanVideo and HunyuanImage 2.1 (`comfy.ldm.hunyuan_video.model.HunyuanVideo`).
 
-Flux layers with the image first (research/dit_family.md §4): double blocks get args img
+Flux layers with the image first (HunyuanVideo.forward_orig): double blocks get args img
 (B, R+N, C), txt, vec, pe (B, 1, R+N+T, hd/2, 2, 2) and an optional additive key mask
 `attention_mask` (1, 1, R+N+T); single blocks get img = [ref; video; txt]. R reference tokens
 (the "custom" image-to-video `ref_latent`) are prepended and pass through unmerged, so the N
@@ -8,10 +8,10 @@ video tokens start at R in every sequence, rope table and mask. Merged tokens ta
 destinations' pe rows and mask columns; the text and its mask pass through.
 
 Video latents (B, C, T, H, W) give N = T * ceil(H / 2) * ceil(W / 2) tokens, t-major. They are
-merged with issue 12's spatio-temporal plans (toma_core.video): frame 0 alone (the causal VAE
+merged with spatio-temporal plans (toma_core.video): frame 0 alone (the causal VAE
 encodes it from the first picture by itself), the frames after it in t x h x w tiles of
 `tile_frames` frames (the setting Wan reads too). Modulation is per sample, so tiles may span frames.
-Both block kinds write into their inputs in place (double: txt; single: the sequence, §11.1):
+Both block kinds write into their inputs in place (double: txt; single: the sequence):
 the merged sequence is a fresh tensor and the delta is taken against our own copy.
 
 Image-to-video "v2 (replace)" guidance (`guiding_frame_index`) modulates frame 0 apart from the
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment, SegmentPlan
-from ..contract import CallGeometry
+from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
-from ..machinery.dit_runner import Rows, merged_dit_block, tokens_match
+from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter, text_length
-from ..machinery.hooks import block_context, install_dit_hooks
+from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
 from ..runtime import CallContext
 from ..settings import NODE_TILE_FRAMES, ToMASettings
@@ -83,47 +82,43 @@ def _tables(start: int) -> tuple[Rows, ...]:
     return Rows("pe", 2, start), Rows("attention_mask", 2, start, key_mask=True)
 
 
-def merged_double(args: dict, extra: dict, block: Callable[[dict], dict]) -> dict:
+def double_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Double block: img [ref (R); video (N)] -> [ref; M video]; txt (B, T, C) passes through."""
-    ctx = block_context(args, extra)
-    if ctx is None or not ctx.merge:
-        return block(args)
     g, img = ctx.geometry, args["img"]
-    if not tokens_match(ctx, img.shape[1], g.extra_tokens + g.tokens):
-        return block(args)
-    length = img.shape[1] + args["txt"].shape[1]
-    return _merged(args, block, ctx, length)
+    if img.shape[1] != g.extra_tokens + g.tokens:
+        return TOKENS_DIFFER
+    return _span(args, ctx, img.shape[1] + args["txt"].shape[1])
 
 
-def merged_single(args: dict, extra: dict, block: Callable[[dict], dict]) -> dict:
+def single_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Single block: img [ref (R); video (N); txt (T)] -> [ref; M video; txt]."""
-    ctx = block_context(args, extra)
-    if ctx is None or not ctx.merge:
-        return block(args)
     g, seq = ctx.geometry, args["img"]
     if seq.shape[1] < g.extra_tokens + g.tokens:
-        tokens_match(ctx, seq.shape[1], g.extra_tokens + g.tokens)
-        return block(args)
-    return _merged(args, block, ctx, seq.shape[1])
+        return TOKENS_DIFFER
+    return _span(args, ctx, seq.shape[1])
 
 
-def _merged(args: dict, block: Callable[[dict], dict], ctx: CallContext, length: int) -> dict:
-    """The block on [ref; M video; rest]: pe rows and key-mask columns at R, the call's segments."""
+def _span(args: dict, ctx: CallContext, length: int) -> ImageSpan:
+    """[ref; M video; rest]: pe rows and key-mask columns at R, the call's segments, and the
+    modulation spans moved to the merged positions."""
     g, adapter = ctx.geometry, ctx.state.config.adapter
-    segments = adapter.segments(g.frames)
 
-    def dims(plan: MergePlan) -> dict | str:
+    def dims(plan: MergePlan) -> dict | Unmerged:
         moved = {key: merged_dims(args[key], plan, g.extra_tokens) for key in DIMS_KEYS if args.get(key) is not None}
-        why = next((value for value in moved.values() if isinstance(value, str)), None)
+        why = next((value for value in moved.values() if isinstance(value, Unmerged)), None)
         return why or moved
 
-    return merged_dit_block(args, block, ctx, SLOT, g.extra_tokens, _tables(g.extra_tokens), length, segments, dims)
+    return ImageSpan(g.extra_tokens, _tables(g.extra_tokens), length, adapter.segments(g.frames), dims)
 
 
-def merged_dims(dims: list[tuple], plan: MergePlan, start: int) -> list[tuple] | str:
+merged_double = merged_dit_block(SLOT, double_span)
+merged_single = merged_dit_block(SLOT, single_span)
+
+
+def merged_dims(dims: list[tuple], plan: MergePlan, start: int) -> list[tuple] | Unmerged:
     """modulation_dims spans (start, end|None, index) over a sequence whose image tokens [start,
     start+N) merge with `plan` (a SegmentPlan): each boundary moves to the merged position. A
-    boundary inside a merged segment has none: the reason is returned."""
+    boundary inside a merged segment has none: Unmerged."""
     n, d = plan.num_tokens, plan.num_kept
     parts = plan.parts if isinstance(plan, SegmentPlan) else [plan]
     bounds, tokens, kept = {start: start}, start, start
@@ -131,13 +126,13 @@ def merged_dims(dims: list[tuple], plan: MergePlan, start: int) -> list[tuple] |
         tokens, kept = tokens + part.num_tokens, kept + part.num_kept
         bounds[tokens] = kept
 
-    def move(b: int | None) -> int | None | str:
+    def move(b: int | None) -> int | None | Unmerged:
         if b is None or b <= start:
             return b
         if b in bounds:
             return bounds[b]
-        return b - n + d if b >= start + n else f"modulation boundary {b} inside a merged frame segment"
+        return b - n + d if b >= start + n else Unmerged(f"modulation boundary {b} inside a merged frame segment")
 
     spans = [(move(a), move(b), index) for a, b, index in dims]
-    why = next((v for span in spans for v in span[:2] if isinstance(v, str)), None)
+    why = next((v for span in spans for v in span[:2] if isinstance(v, Unmerged)), None)
     return why or spans

@@ -1,7 +1,7 @@
-"""ToMA for Lumina-Image 2.0 (`comfy.ldm.lumina.model.NextDiT`, issue 14).
+"""ToMA for Lumina-Image 2.0 (`comfy.ldm.lumina.model.NextDiT`).
 
 NextDiT has no replace key: each selected `layers.{i}` gets an object patch of its `forward`
-(x, x_mask, freqs_cis, adaln_input, transformer_options) (research/dit_family.md §6.4). The single
+(x, x_mask, freqs_cis, adaln_input, transformer_options) (comfy.ldm.lumina.model.JointTransformerBlock). The single
 stream x (B, L, C) is [caption (T); image (N)], L = T + N; freqs_cis (B, L, 1, hd/2, 2, 2) and
 x_mask (None, or an additive (B, L) key mask) have one row per token. The layer runs on
 [caption; M image] with the destinations' rope rows and mask columns; its modulation is per
@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 
-from ..contract import CallGeometry
+from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_dit_blocks
-from ..machinery.dit_runner import Rows, run_merged
+from ..machinery.dit_runner import ImageSpan, Rows, run_merged
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import block_context, install_forward_patches, module_forward
+from ..machinery.hooks import install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
+from ..machinery.skeleton import run_hook
+from ..runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "lumina2"
@@ -66,21 +68,17 @@ def make_forward(layer: torch.nn.Module, foreign: Callable | None) -> Callable:
             return run(seq, tables["x_mask"], tables["freqs_cis"], adaln_input, transformer_options=transformer_options)
 
         unmerged = {"x_mask": x_mask, "freqs_cis": freqs_cis}
-        ctx = block_context({"transformer_options": transformer_options})
-        if ctx is None or not ctx.merge:
-            return call(x, unmerged)
-        text_len = x.shape[1] - ctx.geometry.tokens
-        if text_len < 0:
-            ctx.record_block(False, "image tokens differ from the latent grid")
-            return call(x, unmerged)
-        tables = (Rows("x_mask", 1, text_len, key_mask=True), Rows("freqs_cis", 1, text_len))
-        done, out = run_merged(
-            ctx, SLOT, x, text_len, unmerged, tables, x.shape[1],
-            call=lambda seq, merged: call(seq, unmerged | merged), output=lambda y: y, rebuild=lambda y, seq: seq,
-        )
-        if done:
-            return out
-        ctx.record_block(False, out)
-        return call(x, unmerged)
+
+        def merged(ctx: CallContext) -> torch.Tensor | Unmerged:
+            text_len = x.shape[1] - ctx.geometry.tokens
+            if text_len < 0:
+                return TOKENS_DIFFER
+            tables = (Rows("x_mask", 1, text_len, key_mask=True), Rows("freqs_cis", 1, text_len))
+            return run_merged(
+                ctx, SLOT, x, ImageSpan(text_len, tables, x.shape[1]), unmerged,
+                call=lambda seq, merged: call(seq, unmerged | merged), output=lambda y: y, rebuild=lambda y, seq: seq,
+            )
+
+        return run_hook({"transformer_options": transformer_options}, None, lambda: call(x, unmerged), merged)
 
     return toma_forward

@@ -1,7 +1,7 @@
-"""ToMA for SD3 / SD3.5 (MMDiT: `comfy.ldm.modules.diffusionmodules.mmdit.MMDiT`, issue 14).
+"""ToMA for SD3 / SD3.5 (MMDiT: `comfy.ldm.modules.diffusionmodules.mmdit.MMDiT`).
 
 Every joint block is a `patches_replace["dit"]` ("double_block", i) key with args img (B, N, C),
-txt (B, T, C) and vec (B, D) (research/dit_family.md §6.1). The whole block runs on the merged
+txt (B, T, C) and vec (B, D) (as MMDiT.forward_core_with_concat passes them). The whole block runs on the merged
 image stream; the text stream passes through. SD3 has no rope: a learned absolute position
 embedding is added to the tokens once before the blocks, so a merged token carries its cluster's
 position in its features and there is nothing to gather. The last block's text stream is
@@ -9,18 +9,18 @@ pre-only and returns txt None, passed on as it comes. SD3.5-Medium's extra image
 (`x_block_self_attn`) runs inside the block on the merged tokens too.
 
 The grid comes from the APPLY_MODEL wrapper's latent (MMDiT.forward has no DIFFUSION_MODEL
-executor, §11.7): h = ceil(H / 2), w = ceil(W / 2), as `PatchEmbed` pads.
+executor): h = ceil(H / 2), w = ceil(W / 2), as `PatchEmbed` pads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_dit_blocks
-from ..machinery.dit_runner import merged_dit_block, tokens_match
+from ..machinery.dit_runner import ImageSpan, merged_dit_block
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import block_context, install_dit_hooks
+from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
+from ..runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "sd3"
@@ -36,9 +36,12 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
     return DitAdapter("sd3", blocks.describe(), blocks.count, int(dm.x_embedder.patch_size[0]), refs_key=None)
 
 
-def merged_joint(args: dict, extra: dict, block: Callable[[dict], dict]) -> dict:
-    """Joint block: img (B, N, C) merged to (B, D, C); txt, vec unchanged; returns img (B, N, C)."""
-    ctx = block_context(args, extra)
-    if ctx is None or not ctx.merge or not tokens_match(ctx, args["img"].shape[1], ctx.geometry.tokens):
-        return block(args)
-    return merged_dit_block(args, block, ctx, SLOT, 0, (), args["img"].shape[1])
+def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
+    """Joint block: img (B, N, C) is the image, merged to (B, D, C); txt, vec unchanged; no
+    per-token table (no rope)."""
+    if args["img"].shape[1] != ctx.geometry.tokens:
+        return TOKENS_DIFFER
+    return ImageSpan(0, (), args["img"].shape[1])
+
+
+merged_joint = merged_dit_block(SLOT, image_span)

@@ -1,5 +1,5 @@
-"""UNet scope "attention" (issue 4 point 2): merging only inside the attention calls, through
-the attn1/attn2 patch points, composable with every other UNet patch. attn1 runs on D queries,
+"""UNet scope "attention": merging only inside the attention calls, through the attn1/attn2
+patch points, composable with every other UNet patch. attn1 runs on D queries,
 keys and values; attn2 on D queries against the full text context; the outputs are unmerged
 before the residual add. The FF and norms stay at N tokens.
 """
@@ -12,11 +12,12 @@ from typing import Any
 import torch
 
 from ...toma_core import MergePlan
-from ..machinery.merge import features
-from ..runtime import CallContext, find_call
+from ..call_args import transformer_options_of
+from ..machinery.hooks import is_toma, mark
+from ..runtime import find_call
 from ..settings import TOMA_KEY
 from .unet_blocks import BlockId
-from .unet_sites import PLAN_SLOT, TOMA_MARK, has_attention_replace
+from .unet_sites import level_plan, level_veto
 
 _ATTN_PATCHES = ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch")
 
@@ -31,34 +32,25 @@ def install_attention_patches(model, selected: frozenset[BlockId]) -> None:
     import comfy.patcher_extension
 
     model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, REPLACE_KEY, expose_attention_replace)
-    model.set_model_attn1_patch(_mark(make_attn_in(selected, self_attention=True)))
-    model.set_model_attn1_output_patch(_mark(make_attn_out(count=True)))
-    model.set_model_attn2_patch(_mark(make_attn_in(selected, self_attention=False)))
-    model.set_model_attn2_output_patch(_mark(make_attn_out(count=False)))
-
-
-def _mark(fn: Callable) -> Callable:
-    setattr(fn, TOMA_MARK, "attention")
-    return fn
+    model.set_model_attn1_patch(mark(make_attn_in(selected, self_attention=True), "attention"))
+    model.set_model_attn1_output_patch(mark(make_attn_out(count=True), "attention"))
+    model.set_model_attn2_patch(mark(make_attn_in(selected, self_attention=False), "attention"))
+    model.set_model_attn2_output_patch(mark(make_attn_out(count=False), "attention"))
 
 
 def expose_attention_replace(executor, *args, **kwargs):
     """APPLY_MODEL wrapper: copy the call's attn1/attn2 replace dicts to transformer_options[REPLACE_KEY]
     (eagerly, outside the diffusion model), so the attention patches can leave those blocks alone.
 
-    args: (x, t, c_concat, c_crossattn, control, transformer_options, **extra conds).
+    args: apply_model's (see call_args.py).
     """
     args = list(args)
-    in_kwargs = "transformer_options" in kwargs
-    options = kwargs["transformer_options"] if in_kwargs else (args[5] if len(args) > 5 else None)
+    options, put_back = transformer_options_of(args, kwargs)
     if isinstance(options, dict):
         replace = options.get("patches_replace", {})
         options = dict(options)
         options[REPLACE_KEY] = {name: replace[name] for name in ("attn1", "attn2") if replace.get(name)}
-        if in_kwargs:
-            kwargs["transformer_options"] = options
-        else:
-            args[5] = options
+        put_back(options)
     return executor(*args, **kwargs)
 
 
@@ -74,7 +66,7 @@ def remove_own_attention_patches(model) -> None:
     patches = dict(patches)
     for name in _ATTN_PATCHES:
         if name in patches:
-            patches[name] = [p for p in patches[name] if getattr(p, TOMA_MARK, None) is None]
+            patches[name] = [p for p in patches[name] if not is_toma(p)]
     options["patches"] = patches
 
 
@@ -89,28 +81,12 @@ def _attention_plan(selected: frozenset[BlockId], n: torch.Tensor, extra: dict, 
     ctx = find_call({"transformer_options": extra})
     if ctx is None or not ctx.merge:
         return None
-    why = _attention_veto(ctx, n, extra)
-    if why is not None:
+    veto = level_veto(ctx, n, extra, extra.get(REPLACE_KEY))
+    if veto is not None:
         if count:
-            ctx.record_block(False, why)
+            ctx.record_block(False, veto.reason)
         return None
-    h, w = int(extra["activations_shape"][-2]), int(extra["activations_shape"][-1])
-    return ctx.plan(PLAN_SLOT, h, w, lambda: features(n))
-
-
-def _attention_veto(ctx: CallContext, n: torch.Tensor, extra: dict) -> str | None:
-    """block_veto for the attention patches: n (B, N, C) is the normed block input."""
-    shape = extra.get("activations_shape")
-    if shape is None or len(shape) != 4:
-        return "no activations_shape"
-    h, w = int(shape[-2]), int(shape[-1])
-    if n.ndim != 3 or n.shape[0] != ctx.batch or n.shape[1] != h * w:
-        return "tokens differ from activations_shape"
-    if h * w < ctx.settings.min_tokens:
-        return f"level below min_tokens={ctx.settings.min_tokens}"
-    if has_attention_replace(extra.get(REPLACE_KEY), extra.get("block"), extra.get("block_index", 0)):
-        return "attn1/attn2 replace patch present"
-    return None
+    return level_plan(ctx, n, extra)
 
 
 PLAN_EXTRA_KEY = "comfyui_toma_plan"

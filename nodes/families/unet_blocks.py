@@ -5,7 +5,7 @@ names it in `transformer_options["block"]`: ("input", i), ("middle", 0), ("outpu
 indexes `input_blocks` / `output_blocks`. Every `SpatialTransformer` in such a block has a stack
 of `BasicTransformerBlock`s; a selected block merges all of them.
 
-Accepted `blocks` strings (issue 4 point 3):
+Accepted `blocks` strings:
 
 - "auto": every transformer block whose resolution level is downsampled at most
   `AUTO_MAX_DOWNSAMPLE` times from the latent. On SDXL this is every transformer block (levels
@@ -13,23 +13,22 @@ Accepted `blocks` strings (issue 4 point 3):
   most of the compute). On SD1.x/2.x it is levels 1, 1/2 and 1/4 and leaves out the 1/8 middle
   block (64 tokens at 512^2), where tiles would span a large part of the image.
 - "all": every transformer block.
-- a list: comma-separated items `group[:ranges]` with group in input / middle / output and
-  ranges such as `4-8` or `4`; a bare range continues the previous group. Example:
+- a list in the grammar of machinery/block_lists.py: comma-separated items `group[:range]` with
+  group in input / middle / output and ranges such as `4-8` or `4`; a bare range continues the
+  previous group. Example:
   "input:4-8,middle,output:0-5" or "input:4,5,7-8". A group without ranges means all its blocks.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from ..machinery.block_lists import BAD_GROUP, BAD_RANGE, NO_GROUP, block_items
 
 BlockId = tuple[str, int]
 
 GROUPS = ("input", "middle", "output")
 AUTO_MAX_DOWNSAMPLE = 4
-
-_ITEM = re.compile(r"^(?:(?P<group>[a-z_]+)\s*(?::\s*(?P<ranges>.*))?)$")
-_RANGE = re.compile(r"^(?P<lo>\d+)(?:\s*-\s*(?P<hi>\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -72,44 +71,25 @@ def parse_unet_blocks(spec: str) -> UNetBlockSpec:
         return UNetBlockSpec("all")
     groups: set[str] = set()
     ids: set[BlockId] = set()
-    current: str | None = None
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
+    for group, span in block_items(text, GROUPS, lambda item, problem, _: ValueError(_spec_error(spec, item, PROBLEMS[problem]))):
+        if span is None:
+            groups.add(group)
             continue
-        if _RANGE.match(item):
-            if current is None:
-                raise ValueError(_spec_error(spec, item, "a range needs a group first, e.g. 'input:4-8'"))
-            ids.update((current, i) for i in _parse_range(spec, item))
-            continue
-        current = _parse_item(spec, item, groups, ids)
+        lo, hi = span
+        if hi < lo:
+            raise ValueError(_spec_error(spec, f"{lo}-{hi}", f"range {lo}-{hi} is empty; write it as 'N-M' with N <= M"))
+        ids.update((group, i) for i in range(lo, hi + 1))
     if not groups and not ids:
         raise ValueError(_spec_error(spec, spec, "it selects no block"))
     return UNetBlockSpec("list", frozenset(groups), frozenset(ids))
 
 
-def _parse_item(spec: str, item: str, groups: set[str], ids: set[BlockId]) -> str:
-    """Add one `group[:ranges]` item to groups / ids; return the group name."""
-    match = _ITEM.match(item)
-    if match is None or match["group"] not in GROUPS:
-        raise ValueError(_spec_error(spec, item, f"the group must be one of {', '.join(GROUPS)}"))
-    group, ranges = match["group"], match["ranges"]
-    if ranges is None or not ranges.strip():
-        groups.add(group)
-        return group
-    ids.update((group, i) for i in _parse_range(spec, ranges.strip()))
-    return group
-
-
-def _parse_range(spec: str, item: str) -> range:
-    match = _RANGE.match(item)
-    if match is None:
-        raise ValueError(_spec_error(spec, item, "a range is 'N' or 'N-M' with 0 <= N <= M"))
-    lo = int(match["lo"])
-    hi = int(match["hi"]) if match["hi"] is not None else lo
-    if hi < lo:
-        raise ValueError(_spec_error(spec, item, f"range {lo}-{hi} is empty; write it as 'N-M' with N <= M"))
-    return range(lo, hi + 1)
+PROBLEMS = {
+    NO_GROUP: "a range needs a group first, e.g. 'input:4-8'",
+    BAD_GROUP: f"the group must be one of {', '.join(GROUPS)}",
+    BAD_RANGE: "a range is 'N' or 'N-M' with 0 <= N <= M",
+}
+"""What each problem of block_lists.block_items means for a UNet `blocks` list."""
 
 
 def _spec_error(spec: str, item: str, why: str) -> str:
@@ -117,4 +97,3 @@ def _spec_error(spec: str, item: str, why: str) -> str:
         f"blocks={spec!r}: bad item {item!r}: {why}. Accepted for UNet models: 'auto', 'all', or a list "
         f"like 'input:4-8,middle,output:0-5' (groups {', '.join(GROUPS)}; ranges N or N-M)"
     )
-

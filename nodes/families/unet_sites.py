@@ -1,5 +1,6 @@
 """Where a UNet's transformer blocks are (SDXL, SD1.x, SD2.x): module paths, ComfyUI block ids
-and resolution levels, shared by both scopes of the UNet family (unet.py, unet_attention.py).
+and resolution levels, and what both scopes of the UNet family (unet.py, unet_attention.py) ask
+of a block run at its level: whether it merges (`level_veto`) and with which plan (`level_plan`).
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from typing import Any
 
 import torch
 
+from ...toma_core import MergePlan
+from ..contract import Unmerged
+from ..machinery.merge import features
+from ..runtime import CallContext
 from .unet_blocks import BlockId
 
 PLAN_SLOT = "unet"
 """Plan cache slot; the cache key adds the level's h x w, so this is one plan per level."""
-
-TOMA_MARK = "toma_unet_site"
-"""Attribute set on our object-patch functions (re-applying ToMA replaces, never stacks)."""
-
 
 @dataclass(frozen=True)
 class TransformerSite:
@@ -106,3 +107,30 @@ def has_attention_replace(replace: dict | None, block: Any, block_index: int) ->
         return False
     keys = ((block[0], block[1], block_index), tuple(block))
     return any(key in replace.get(name, {}) for name in ("attn1", "attn2") for key in keys)
+
+
+def level_veto(ctx: CallContext, x: torch.Tensor, options: dict, replace: dict | None) -> Unmerged | None:
+    """Why this block run stays unmerged, or None; options: the block's transformer_options (or
+    its attention patches' extra_options), replace: the call's attn1/attn2 replace patches.
+
+    x (B, N, C) must match the level grid (activations_shape); a level below min_tokens, or a block
+    whose attention another node replaced (SAG, PAG: comfy_extras/nodes_sag.py, nodes_pag.py),
+    runs unmerged.
+    """
+    shape = options.get("activations_shape")
+    if shape is None or len(shape) != 4:
+        return Unmerged("no activations_shape")
+    h, w = int(shape[-2]), int(shape[-1])
+    if x.ndim != 3 or x.shape[1] != h * w or x.shape[0] != ctx.batch:
+        return Unmerged("tokens differ from activations_shape")
+    if h * w < ctx.settings.min_tokens:
+        return Unmerged(f"level below min_tokens={ctx.settings.min_tokens}")
+    if has_attention_replace(replace, options.get("block"), options.get("block_index", 0)):
+        return Unmerged("attn1/attn2 replace patch present")
+    return None
+
+
+def level_plan(ctx: CallContext, x: torch.Tensor, options: dict) -> MergePlan:
+    """The plan of this block's level (h x w from activations_shape), built from x (B, N, C) once."""
+    h, w = int(options["activations_shape"][-2]), int(options["activations_shape"][-1])
+    return ctx.plan(PLAN_SLOT, h, w, lambda: features(x))

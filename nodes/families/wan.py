@@ -1,4 +1,4 @@
-"""ToMA for Wan 2.1 / 2.2 video models (issue 12): T2V and I2V (1.3B, 14B), Wan 2.2 A14B (each
+"""ToMA for Wan 2.1 / 2.2 video models: T2V and I2V (1.3B, 14B), Wan 2.2 A14B (each
 expert is its own MODEL: patch both), Wan 2.2-5B TI2V, Fun reference frames, Phantom, VACE.
 
 Each selected `WanAttentionBlock` gets a `patches_replace["dit"][("double_block", i)]` entry
@@ -31,18 +31,18 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ...toma_core.video import Segment, SegmentPlan, frame_runs, make_video_plan
-from ..contract import CallGeometry
+from ...toma_core.video import Segment, SegmentPlan, frame_runs
+from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import DitBlocks, parse_dit_blocks
+from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import text_length
-from ..machinery.hooks import block_context, install_dit_hooks
-from ..machinery.merge import features
+from ..machinery.hooks import install_dit_hooks
+from ..machinery.scope import require_block_scope
 from ..runtime import CallContext
 from ..settings import ToMASettings
 
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 PLAN_SLOT = "wan"
 
-Block = Callable[[dict], dict]
 S2V_REASON = "Wan S2V (WanModel_S2V): blocks get no transformer_options and a per-segment modulation"
 
 
@@ -68,7 +67,7 @@ class VideoGeometry(CallGeometry):
 
 @dataclass(frozen=True)
 class WanAdapter:
-    """The runtime's view of a patched Wan model (see runtime.FamilyAdapter)."""
+    """The runtime's view of a patched Wan model (a contract.FamilyAdapter)."""
 
     family: str
     blocks: str
@@ -127,14 +126,11 @@ def apply(model, settings: ToMASettings) -> WanAdapter:
 
     Earlier ToMA hooks are replaced; another pack's replacement on the same key stays outermost.
     """
-    if settings.scope != "block":
-        raise ValueError(f"scope={settings.scope!r} is not available for Wan models; use 'block'")
-    if settings.proportional_attention:
-        raise ValueError("proportional_attention is not available for Wan models (their attention takes no mask)")
+    require_block_scope(settings, "Wan")
     dm = model.get_model_object("diffusion_model")
     variant = _variant(dm)
     chosen = parse_dit_blocks(settings.blocks, {"blocks": len(dm.blocks)})
-    # ComfyUI's key for Wan blocks is ("double_block", i); users name them blocks:5-39 (issue 12)
+    # ComfyUI's key for Wan blocks is ("double_block", i) (WanModel.forward_orig); users name them blocks:5-39
     install_dit_hooks(model, {"double": len(dm.blocks)}, DitBlocks((("double", chosen.blocks),)), {"double": merged_block})
     blocks = chosen.describe()
     if variant == "vace":
@@ -146,60 +142,41 @@ def apply(model, settings: ToMASettings) -> WanAdapter:
     )
 
 
-def merged_block(args: dict, extra: dict, block: Block) -> dict:
-    """Run a Wan block on merged image tokens and unmerge its change (see the module docstring)."""
-    ctx = block_context(args, extra)
-    if ctx is None or not ctx.merge:
-        return block(args)
+def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
+    """img (B, N, C) with N = every frame's tokens, pass-through frames included: the call's frame
+    segments, pe rows gathered to the destinations, vec per frame or per merged token."""
     g: VideoGeometry = ctx.geometry
     img = args["img"]
     if "transformer_options" not in args:
-        ctx.record_block(False, "block args without transformer_options")
-        return block(args)
+        return Unmerged("block args without transformer_options")
     if img.shape[1] != g.all_frames * g.height * g.width:
-        ctx.record_block(False, "image tokens differ from the latent grid")
-        return block(args)
-    plan = _plan(ctx, img)
-    if not plan.merges:
-        return block(args)
-    vec, why = merged_vec(args["vec"], plan, g)
-    if why:
-        ctx.record_block(False, why)
-        return block(args)
-    x_m = plan.merge(img)
-    out = block(dict(args, img=x_m, vec=vec, pe=plan.take(args["pe"], 1)))
-    ctx.record_block(True)
-    return dict(out, img=plan.unmerge_residual(img, x_m, out["img"]))
+        return TOKENS_DIFFER
+
+    def vec(plan: SegmentPlan) -> dict | Unmerged:
+        if not plan.merges:
+            return NOTHING_TO_MERGE
+        merged = merged_vec(args["vec"], plan, g)
+        return merged if isinstance(merged, Unmerged) else {"vec": merged}
+
+    return ImageSpan(0, (Rows("pe", 1, 0),), img.shape[1], g.segments, vec, tokens=img.shape[1])
 
 
-def _plan(ctx: CallContext, img: torch.Tensor) -> SegmentPlan:
-    """This call's plan, built by its first merged block from a parameter-free LayerNorm of img
-    (B, N, C) in fp32 and shared by the others; keyed by the frame segments and the frame grid."""
-    g: VideoGeometry = ctx.geometry
-    key = ((PLAN_SLOT, g.segments), g.height, g.width)
-    plan = ctx.plans.get(key)
-    if plan is None:
-        s = ctx.settings
-        plan = make_video_plan(
-            features(img), list(g.segments), g.height, g.width, s.ratio, s.tile_size,
-            similarity=s.similarity, temperature=s.temperature, budget=s.budget, unmerge=s.unmerge,
-        )
-        ctx.plans[key] = plan
-    return plan
+merged_block = merged_dit_block(PLAN_SLOT, image_span)
+"""Run a Wan block on merged image tokens and unmerge its change (see the module docstring)."""
 
 
-def merged_vec(vec: torch.Tensor, plan: SegmentPlan, g: VideoGeometry) -> tuple[torch.Tensor | None, str | None]:
+def merged_vec(vec: torch.Tensor, plan: SegmentPlan, g: VideoGeometry) -> torch.Tensor | Unmerged:
     """The block's modulation for the merged tokens: vec (B, 6, C) or (B, 1, 6, C) unchanged
     (per sample); a per-frame vec (B, F, 6, C) unchanged when the merged tokens are frame-major
     with equal counts per frame, else (B, D, 6, C) with each merged token's destination frame.
-    (None, reason) when vec's frames are not the call's frames."""
+    Unmerged when vec's frames are not the call's frames."""
     if vec.ndim != 4 or vec.shape[1] == 1:
-        return vec, None
+        return vec
     counts = plan.frame_counts
     if counts is not None and len(counts) == vec.shape[1] and len(set(counts)) == 1:
-        return vec, None
+        return vec
     if vec.shape[1] != g.all_frames:
-        return None, f"per-frame vec of {vec.shape[1]} frames for {g.all_frames} token frames"
+        return Unmerged(f"per-frame vec of {vec.shape[1]} frames for {g.all_frames} token frames")
     frame = plan.frame_of_kept(g.height * g.width).to(vec.device)
     index = frame.view(*frame.shape, 1, 1).expand(-1, -1, *vec.shape[2:])
-    return vec.expand(plan.batch, *vec.shape[1:]).gather(1, index), None
+    return vec.expand(plan.batch, *vec.shape[1:]).gather(1, index)

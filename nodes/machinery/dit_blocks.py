@@ -8,25 +8,23 @@ family's adapter names them: Flux, Chroma, HunyuanVideo and HiDream have ("doubl
 Accepted `blocks` strings:
 
 - "auto": every block except the first `min(AUTO_SKIP, depth // 3)` of each stream. For Flux.1
-  (19 double + 38 single) this is "double:5-18,single:5-37", the block set of the reference ToMA
-  Flux configuration (research/toma_algorithm.md §5); the first blocks are left alone because
+  (19 double + 38 single) this is "double:5-18,single:5-37", the block set the ToMA authors'
+  released Flux code merges; the first blocks are left alone because
   they shape the layout and are the cheapest to keep exact. A fidelity measurement on real
   weights is still owed; a tiny test model (depth 2 + 2) merges every block.
 - "all": every block.
-- a list: comma-separated items `group[:ranges]`, ranges such as `5-18` or `7`; a bare range
-  continues the previous group ("double:0-3,10-18"). A group without ranges means all its blocks.
-  Example: "double:5-18,single:5-37".
+- a list in the grammar of block_lists.py: comma-separated items `group[:range]`, ranges such as
+  `5-18` or `7`; a bare range continues the previous group ("double:0-3,10-18"). A group without
+  a range means all its blocks. Example: "double:5-18,single:5-37".
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-AUTO_SKIP = 5
+from .block_lists import BAD_GROUP, BAD_RANGE, Span, block_items
 
-_ITEM = re.compile(r"^(?P<group>[a-z_]+)\s*(?::\s*(?P<range>.*))?$")
-_RANGE = re.compile(r"^(?P<lo>\d+)(?:\s*-\s*(?P<hi>\d+))?$")
+AUTO_SKIP = 5
 
 
 @dataclass(frozen=True)
@@ -65,10 +63,12 @@ def parse_dit_blocks(spec: str, sizes: dict[str, int]) -> DitBlocks:
         return DitBlocks(tuple((g, frozenset(range(n))) for g, n in sizes.items()))
     if text == "auto":
         return DitBlocks(tuple((g, frozenset(range(min(AUTO_SKIP, n // 3), n))) for g, n in sizes.items()))
+    items = block_items(text, sizes, lambda item, problem, group: _item_error(spec, sizes, item, problem, group))
+    if not items:
+        raise _item_error(spec, sizes, text, BAD_GROUP, None)
     chosen: dict[str, set[int]] = {g: set() for g in sizes}
-    group = None
-    for item in (part.strip() for part in text.split(",")):
-        group = _parse_item(item, group, sizes, chosen, spec)
+    for group, span in items:
+        chosen[group].update(_indices(span, group, sizes[group], spec))
     return DitBlocks(tuple((g, frozenset(chosen[g])) for g in sizes))
 
 
@@ -77,32 +77,20 @@ def parse_flux_blocks(spec: str, depth: int, depth_single: int) -> DitBlocks:
     return parse_dit_blocks(spec, {"double": depth, "single": depth_single})
 
 
-def _parse_item(item: str, group: str | None, sizes: dict[str, int], chosen: dict[str, set[int]], spec: str) -> str:
-    match = _RANGE.match(item)
-    if match and group is not None:
-        chosen[group].update(_indices(match, group, sizes[group], spec))
-        return group
-    match = _ITEM.match(item)
-    if not match or match["group"] not in sizes:
-        example = ",".join(f"{g}:0-{max(0, n - 1)}" for g, n in sizes.items())
-        raise ValueError(
-            f"blocks={spec!r}: item {item!r} is not 'auto', 'all' or group[:range] with group in "
-            f"{', '.join(sizes)} (example {example!r})"
-        )
-    group = match["group"]
-    if match["range"] is None:
-        chosen[group].update(range(sizes[group]))
-        return group
-    span = _RANGE.match(match["range"].strip())
+def _item_error(spec: str, sizes: dict[str, int], item: str, problem: str, group: str | None) -> ValueError:
+    if problem == BAD_RANGE:
+        return ValueError(f"blocks={spec!r}: range {item!r} of {group} must look like 5-18 or 7")
+    example = ",".join(f"{g}:0-{max(0, n - 1)}" for g, n in sizes.items())
+    return ValueError(
+        f"blocks={spec!r}: item {item!r} is not 'auto', 'all' or group[:range] with group in "
+        f"{', '.join(sizes)} (example {example!r})"
+    )
+
+
+def _indices(span: Span, group: str, size: int, spec: str) -> range:
     if span is None:
-        raise ValueError(f"blocks={spec!r}: range {match['range']!r} of {group} must look like 5-18 or 7")
-    chosen[group].update(_indices(span, group, sizes[group], spec))
-    return group
-
-
-def _indices(match: re.Match, group: str, size: int, spec: str) -> range:
-    lo = int(match["lo"])
-    hi = int(match["hi"]) if match["hi"] is not None else lo
+        return range(size)
+    lo, hi = span
     if lo > hi or hi >= size:
         raise ValueError(f"blocks={spec!r}: {group} range {lo}-{hi} is outside 0-{size - 1} (this model's {group} blocks)")
     return range(lo, hi + 1)

@@ -1,11 +1,12 @@
-"""Token geometry of a DiT call from BaseModel.apply_model's inputs (issue 14), and the adapter
-that DiT families hand the runtime.
+"""Token geometry of a DiT call from BaseModel.apply_model's inputs, and the adapter that DiT
+families hand the runtime (`DitAdapter`, a contract.FamilyAdapter).
 
 Every DiT here patchifies the latent p x p with padding, so the main image grid is
 h = ceil(H / p), w = ceil(W / p), whatever the latent's layout: (B, C, H, W), or Qwen-Image's
 (B, C, 1, H, W). Reference latents (Flux Kontext, Qwen-Image-Edit: kwargs["ref_latents"], each
 (b, C[, 1], h', w')) add ceil(h'/p) * ceil(w'/p) tokens after the image; they pass through
-unmerged. A video latent (T > 1) is not an image grid: such a call runs unmerged with the reason.
+unmerged. A video latent (T > 1) is not an image grid: such a call runs unmerged with the reason
+(the video families read their own geometry: families/wan.py, families/hunyuan_video.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..contract import CallGeometry
+from ..contract import CallGeometry, Unmerged
 
 
 def text_length(context: torch.Tensor | None) -> int | None:
@@ -24,11 +25,11 @@ def text_length(context: torch.Tensor | None) -> int | None:
     return int(context.shape[1]) if torch.is_tensor(context) and context.ndim == 3 else None
 
 
-def image_grid(x: torch.Tensor, patch: int) -> tuple[int, int] | str:
-    """(h, w) token grid of a latent (B, C, H, W) or (B, C, 1, H, W); a reason string otherwise."""
+def image_grid(x: torch.Tensor, patch: int) -> tuple[int, int] | Unmerged:
+    """(h, w) token grid of a latent (B, C, H, W) or (B, C, 1, H, W); Unmerged otherwise."""
     if x.ndim == 5 and x.shape[2] == 1 or x.ndim == 4:
         return math.ceil(x.shape[-2] / patch), math.ceil(x.shape[-1] / patch)
-    return f"latent of shape {tuple(x.shape)} is not an image (B, C, H, W)"
+    return Unmerged(f"latent of shape {tuple(x.shape)} is not an image (B, C, H, W)")
 
 
 def reference_tokens(refs: list[torch.Tensor] | None, patch: int) -> int:
@@ -38,7 +39,7 @@ def reference_tokens(refs: list[torch.Tensor] | None, patch: int) -> int:
 
 @dataclass(frozen=True)
 class DitAdapter:
-    """The runtime's view of a patched DiT (see runtime.FamilyAdapter).
+    """The runtime's view of a patched DiT (a contract.FamilyAdapter).
 
     refs_key: the apply_model keyword holding reference latents appended after the image tokens
     (None: the family has none).
@@ -54,7 +55,7 @@ class DitAdapter:
         """Grid of x (B, C[, 1], H, W), T of context (B, T, C_txt), reference tokens from kwargs."""
         text_len = text_length(context)
         grid = image_grid(x, self.patch_size)
-        if isinstance(grid, str):
-            return CallGeometry(1, 1, text_len, 0, grid)
+        if isinstance(grid, Unmerged):
+            return CallGeometry(1, 1, text_len, 0, grid.reason)
         refs = kwargs.get(self.refs_key) if self.refs_key else None
         return CallGeometry(grid[0], grid[1], text_len, reference_tokens(refs, self.patch_size))

@@ -1,37 +1,41 @@
-"""How a family's hooks get onto a ModelPatcher clone and find the running call (issue 14).
+"""How a family's hooks get onto a ModelPatcher clone (what they run: skeleton.py).
 
 Two mechanisms, one per kind of host:
 - `patches_replace["dit"]` keys (Flux, Chroma, Qwen-Image, SD3, HunyuanVideo): `install_dit_hooks`
   puts one function per selected ("<group>_block", i) key. Another pack's replacement already on
-  a key stays outermost and ToMA merges only around the real block (dit_family.md §11.4).
-- object patches of a block's `forward` (Lumina2, HiDream: no replace key; the UNet has its own
-  sites in unet.py): `install_forward_patches` through `ModelPatcher.add_object_patch`, applied
-  when the model loads and restored when another clone loads, so other clones stay bit-identical.
+  a key stays outermost and ToMA merges only around the real block (`extra["original_block"]`, as
+  comfy.ldm.flux.model.Flux.forward_orig hands it).
+- object patches of a block's `forward` (Lumina2, HiDream, the UNet's BasicTransformerBlocks: no
+  replace key): `install_forward_patches` through `ModelPatcher.add_object_patch`, applied when
+  the model loads and restored when another clone loads, so other clones stay bit-identical.
 
-Re-applying ToMA replaces its earlier hooks, never stacks on them.
+Every ToMA patch function carries TOMA_MARK (and the function it wrapped, `toma_foreign`), so
+re-applying ToMA replaces its earlier hooks, never stacks on them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..runtime import CallContext, find_call, note_orphan
 from .dit_blocks import DitBlocks
 
 MergedBlock = Callable[[dict, dict, Callable[[dict], dict]], dict]
 """(args, extra, block) -> block output: a family's merged run of one dit block."""
 
-FORWARD_MARK = "toma_forward_path"
-"""Attribute of ToMA's object-patch functions (their module path), so re-applying replaces them."""
+TOMA_MARK = "toma_patch"
+"""Attribute of every ToMA patch function: what it patches (a module path, or "attention" for the
+UNet's attention patches), so re-applying replaces them."""
 
 
-def block_context(args: dict, extra: dict | None = None) -> CallContext | None:
-    """The running call's CallContext for a block hook; a hook without one is counted as orphan
-    (it runs unmerged). transformer_options may be missing from args (dit_family.md §11.3)."""
-    ctx = find_call(args, extra)
-    if ctx is None:
-        note_orphan("no ToMA call context")
-    return ctx
+def mark(fn: Callable, what: str) -> Callable:
+    """`fn` marked as a ToMA patch of `what` (see TOMA_MARK)."""
+    setattr(fn, TOMA_MARK, what)
+    return fn
+
+
+def is_toma(fn) -> bool:
+    """Whether `fn` is one of ToMA's patch functions."""
+    return getattr(fn, TOMA_MARK, None) is not None
 
 
 def install_dit_hooks(model, sizes: dict[str, int], blocks: DitBlocks, merged: dict[str, MergedBlock]) -> None:
@@ -92,10 +96,9 @@ def install_forward_patches(model, paths: dict[str, bool], make_forward: Callabl
     for path, selected in paths.items():
         key = f"diffusion_model.{path}.forward"
         entry = model.object_patches.get(key)
-        foreign = getattr(entry, "toma_foreign", None) if getattr(entry, FORWARD_MARK, None) else entry
+        foreign = getattr(entry, "toma_foreign", None) if is_toma(entry) else entry
         if selected:
-            patch = make_forward(path, foreign)
-            setattr(patch, FORWARD_MARK, path)
+            patch = mark(make_forward(path, foreign), path)
             patch.toma_foreign = foreign
             model.add_object_patch(key, patch)
         elif foreign is not None:

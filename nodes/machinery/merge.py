@@ -1,5 +1,5 @@
-"""Merging around one block, shared by every family (issue 14): the token span, its per-token
-rows (rope tables, attention masks) and the proportional-attention key bias.
+"""Merging around one block, shared by every family: the token span, its per-token rows (rope
+tables, attention masks) and the proportional-attention key bias.
 
 A block sees a sequence (B, L, C) in which the N image tokens of the main grid sit at
 [start, start + N); text and extra tokens (reference images) around them pass through. The
@@ -11,8 +11,8 @@ plan (toma_core.MergePlan) maps the span to D merged tokens and a block's change
     y = [head'; x + U(out_span - M x); tail']  (B, L, C)
 
 The merged sequence is always a fresh tensor and the delta is taken against our own copy of
-M x, so blocks that write into their input in place (Flux single blocks, Chroma, HunyuanVideo:
-dit_family.md §11.1) cannot zero the delta.
+M x, so blocks that write into their input in place (`x += ...` in comfy.ldm.flux.layers.
+SingleStreamBlock, Chroma's and HunyuanVideo's blocks) cannot zero the delta.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ...toma_core import MergePlan
+from ..contract import Unmerged
 
 
 def features(x: torch.Tensor) -> torch.Tensor:
@@ -62,37 +63,37 @@ def merge_rows(rows: torch.Tensor | None, dim: int, start: int, n: int, plan: Me
     return torch.cat([head, span, tail], dim=dim)
 
 
-def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> tuple[torch.Tensor | None, str | None]:
+def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> torch.Tensor | None | Unmerged:
     """Merge an attention mask over the L = `length` tokens of the block's attention.
 
-    A (L, L), (B, L, L) or (B, H, L, L) mask keeps the destinations' rows and columns. Returns
-    (mask, None), or (None, reason) when the mask has another layout (the block then runs unmerged).
+    A (L, L), (B, L, L) or (B, H, L, L) mask keeps the destinations' rows and columns; None stays
+    None. Unmerged when the mask has another layout (the block then runs unmerged).
     """
     if mask is None:
-        return None, None
+        return None
     if mask.ndim < 2 or mask.shape[-1] != length or mask.shape[-2] != length:
-        return None, f"attn_mask of shape {tuple(mask.shape)} is not (..., {length}, {length})"
+        return Unmerged(f"attn_mask of shape {tuple(mask.shape)} is not (..., {length}, {length})")
     if mask.ndim == 2:
         mask = mask.unsqueeze(0)
     rows = merge_rows(mask, mask.ndim - 2, start, n, plan)
-    return merge_rows(rows, rows.ndim - 1, start, n, plan), None
+    return merge_rows(rows, rows.ndim - 1, start, n, plan)
 
 
-def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> tuple[torch.Tensor | None, str | None]:
+def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> torch.Tensor | None | Unmerged:
     """Merge a key mask (B|1, ..., L) over the L = `length` keys (HunyuanVideo's (1, 1, L),
-    Lumina2's (B, L)): the destinations' columns. (None, reason) for another layout."""
+    Lumina2's (B, L)): the destinations' columns. Unmerged for another layout."""
     if mask is None:
-        return None, None
+        return None
     if mask.ndim < 2 or mask.shape[-1] != length:
-        return None, f"key mask of shape {tuple(mask.shape)} does not end in {length} keys"
-    return merge_rows(mask, mask.ndim - 1, start, n, plan), None
+        return Unmerged(f"key mask of shape {tuple(mask.shape)} does not end in {length} keys")
+    return merge_rows(mask, mask.ndim - 1, start, n, plan)
 
 
 def add_key_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, start: int, length: int, dtype: torch.dtype) -> torch.Tensor | None:
     """Proportional attention: add bias (B, D), the merged tokens' log cluster sizes, to the
     logits of keys [start, start+D) of a length-L attention ("proportional attention", Bolya et
-    al., Token Merging: Your ViT but Faster, ICLR 2023, §3); text and reference keys get 0. An existing merged mask (bool or additive, 2-4
-    dims) is kept. Returns an additive (B, H|1, L|1, L) mask in `dtype`, or `mask` when bias is None.
+    al., Token Merging: Your ViT but Faster, ICLR 2023, §3); text and reference keys get 0. An
+    existing merged mask (bool or additive, 2-4 dims) is kept. Returns an additive (B, H|1, L|1, L) mask in `dtype`, or `mask` when bias is None.
     """
     if bias is None:
         return mask

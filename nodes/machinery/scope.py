@@ -1,4 +1,4 @@
-"""Settings checks shared by the DiT adapters added in issue 14: what they refuse, with the reason."""
+"""Settings checks of the family adapters: what they refuse, with the reason and the fix."""
 
 from __future__ import annotations
 
@@ -6,13 +6,19 @@ from ..settings import ToMASettings
 
 
 def require_block_scope(settings: ToMASettings, family: str) -> None:
-    """ValueError unless `settings` asks for what every DiT adapter honours: scope "block" and no
-    proportional attention (their attention takes no bias through the block arguments)."""
+    """ValueError unless `settings` asks for what every DiT adapter but Flux honours: scope "block"
+    and no proportional attention (their attention takes no bias through the block arguments)."""
     if settings.scope != "block":
         raise ValueError(
             f"scope={settings.scope!r} is available for Flux-family and UNet models only; {family} merges "
             "whole blocks (scope 'block')"
         )
+    refuse_proportional_attention(settings, family)
+
+
+def refuse_proportional_attention(settings: ToMASettings, family: str) -> None:
+    """ValueError when `settings` asks for proportional attention, which only the Flux family's
+    attention takes (an additive mask through its block arguments)."""
     if settings.proportional_attention:
         raise ValueError(
             f"proportional_attention=True is available for Flux-family models only ({family} blocks "

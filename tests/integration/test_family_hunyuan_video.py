@@ -128,7 +128,7 @@ def test_modulation_spans_follow_the_merge(toma: Any) -> None:
     d0, d = plan.parts[0].num_kept, plan.num_kept
     assert hunyuan_video.merged_dims([(0, 64, 0), (64, None, 1)], plan, 0) == [(0, d0, 0), (d0, None, 1)]
     assert hunyuan_video.merged_dims([(0, 10, 0), (10, 3 * 64 + 15, 1)], plan, 10) == [(0, 10, 0), (10, d + 15, 1)]
-    assert "inside a merged frame segment" in hunyuan_video.merged_dims([(0, 32, 0)], plan, 0)
+    assert "inside a merged frame segment" in hunyuan_video.merged_dims([(0, 32, 0)], plan, 0).reason
 
 
 def test_hunyuan_image_2_1(tiny: Any, toma: Any) -> None:
