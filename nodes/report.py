@@ -1,5 +1,5 @@
 """The one-line summary of a sampling run: what ToMA merged, what ran unmerged and why, and whether
-it was bypassed (issue 10). RunStats is filled eagerly by the wrappers (wrappers.py) and the
+it was bypassed. RunStats is filled eagerly by the wrappers (wrappers.py) and the
 block hooks (CallContext.record_block)."""
 
 from __future__ import annotations

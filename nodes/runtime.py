@@ -11,7 +11,7 @@ Lifetimes:
   transformer_options[CALL_KEY] and on a module-level fallback stack for the duration of the call.
   APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model`
   (DIFFUSION_MODEL wrappers included) and installs it from an APPLY_MODEL wrapper, so decisions
-  made here stay eager and the blocks see only a ready context (issue 7 point 5).
+  made here stay eager and the blocks see only a ready context.
 
 Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
 grid (`ctx.plan(...)`, built once per key and reused) and report what they did
@@ -23,7 +23,7 @@ with the run's cached plans of the same batch composition and selection epoch, o
 call must build them; after the call (in its `finally`) it moves newly built plans into the run's
 cache (`RunState.keep_plans`). Inside the model the blocks read only `ctx.merge`, the geometry ints,
 the settings and `ctx.plans`, whose guarded state under torch.compile is the same in every call of
-a kind (empty, or the same keys): no recompile per step or per run (issue 7 point 5).
+a kind (empty, or the same keys): no recompile per step or per run.
 """
 
 from __future__ import annotations

@@ -21,13 +21,10 @@ SCOPES = ("block", "attention")
 attn1/attn2; Flux family: double blocks' attention, single blocks whole, as the reference code)."""
 
 NODE_START_PERCENT = 0.75
-"""The nodes' default start_percent: merge in the last quarter of the run only (issue 11 point 5).
-
-On the trained fixtures (bench/quality.py, README "Quality") no ToMA setting matched lowering the
-step count at the same speed-up. Of the basic node's settings, merging from 0.75 on came closest
-in its worst case over Flux and SDXL, in two 5-seed runs (14.7 / 16.0 dB below fewer steps; 0.5:
-15.7 / 19.0 dB; from the first step, the paper's schedule and still ToMASettings' and
-MergeSchedule's default: 30 dB), at a small speed-up (1.04-1.13x on those tiny models)."""
+"""The nodes' default start_percent: merge in the last quarter of the run only, leaving the steps
+that lay out the image exact. ToMASettings and MergeSchedule keep the paper's schedule (merge from
+the first step). Chosen on the trained fixtures by the quality study (bench/quality/quality.py);
+its figures are in docs/defaults.md."""
 
 RATIO_RANGE = (0.0, 0.95)
 TILE_SIZE_RANGE = (2, 32)
@@ -37,10 +34,10 @@ MIN_TOKENS_RANGE = (0, 1 << 20)
 TILE_FRAMES_RANGE = (1, 16)
 
 NODE_TILE_FRAMES = 2
-"""Latent frames a video tile spans by default (issue 12; Wan and HunyuanVideo). bench/video_fidelity.py
-(camera pans over photographs, ratio 0.5): 2 frames merged with a lower attention error than 1 at
-every pan speed, 3-4 gained little more and lost at fast pans with ratio 0.75; bench/bench_wan.py:
-1 and 2 run at the same speed. A proxy on photographs, not on a trained video model."""
+"""Latent frames a video tile spans by default (the video families: Wan, HunyuanVideo), so a token
+may merge with its neighbour in the next frame. Chosen by bench/tokens/video_fidelity.py (attention
+error on camera pans over photographs) and bench/speed/bench_wan.py (speed); figures in
+docs/video.md."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The V3 nodes: "ToMA Patch" and "ToMA Patch (Advanced)".
 
 Both build a ToMASettings and call patching.patch_model, which clones the model, detects its
-family and installs the hooks. Inputs, ids and defaults follow issue 3 point 1.
+family and installs the hooks. Node ids and the order of inputs are part of every saved workflow
+(widgets_values are positional): new inputs go last, nothing is renamed or reordered. The
+families the description and tooltips name come from the registry (registry.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ OUTPUT_TOOLTIP = "The model with ToMA token merging; the input model is left unc
 
 
 def basic_inputs() -> list:
-    """Inputs shared by both nodes, in the order of issue 3 point 1."""
+    """Inputs shared by both nodes, in their saved order."""
     return [
         io.Model.Input("model", tooltip=f"The diffusion model to speed up ({node_models()})."),
         io.Float.Input(
@@ -60,7 +62,7 @@ def basic_inputs() -> list:
 
 
 def merge_every_input() -> io.Int.Input:
-    """Last on both nodes (issue 11.3): widgets_values of saved workflows are positional, so a new
+    """Last on both nodes: widgets_values of saved workflows are positional, so a new
     input goes after the existing ones and older workflows keep their values."""
     return io.Int.Input(
         "merge_every", default=1, min=1, max=1000,
@@ -131,7 +133,7 @@ def advanced_inputs() -> list:
 
 
 def tile_frames_input() -> io.Int.Input:
-    """Last on the advanced node (issue 12): saved workflows keep their positional widget values."""
+    """Last on the advanced node: saved workflows keep their positional widget values."""
     return io.Int.Input(
         "tile_frames", default=NODE_TILE_FRAMES, min=TILE_FRAMES_RANGE[0], max=TILE_FRAMES_RANGE[1],
         tooltip=f"Video models ({video_models()}): latent frames a merge tile spans (tiles are tile_size x tile_size "

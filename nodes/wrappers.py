@@ -7,7 +7,7 @@ per-call state of runtime.py.
   grid, batch composition) made eagerly in `build_call`, the CallContext exposed to the block
   hooks for the call, and the plans they built kept for later calls. APPLY_MODEL rather than
   DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model` (DIFFUSION_MODEL wrappers
-  included), so decisions made here stay eager (issue 7 point 5).
+  included), so decisions made here stay eager.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         state.begin_run(sampling.percent_to_sigma, args[3] if len(args) > 3 else kwargs.get("sigmas"))
         return executor(*args, **kwargs)
     except BaseException:
-        state.stats.failed = True  # issue 10: a run that died (e.g. another node's crash) is no bypass
+        state.stats.failed = True  # a run that died (e.g. another node's crash) is no bypass
         raise
     finally:
         guider.model_options = original

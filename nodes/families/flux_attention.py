@@ -1,8 +1,8 @@
-"""Flux scope "attention": a double block merges its attention only (issue 11 point 4).
+"""Flux scope "attention": a double block merges its attention only.
 
 The reference ToMA Flux code merges a double block's normed image tokens before the q/k/v
 projections and unmerges the attention output before the output projection; norms, gates,
-projections and the MLP stay at N tokens (research/toma_algorithm.md §3, "Double-stream blocks").
+projections and the MLP stay at N tokens (the ToMA authors' released Flux code does this).
 ComfyUI's DoubleStreamBlock offers no hook between those layers, but every attention call goes
 through `transformer_options["optimized_attention_override"]`. So for one block call this module
 puts an override there that, given the block's q, k, v (B, H, L, hd) after qk-norm and rope

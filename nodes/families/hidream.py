@@ -10,8 +10,8 @@ destinations' rope rows; modulation is per sample. The MoE feed-forward routes e
 token on its merged features (legal, but the routing changes).
 
 Attention is a small share of HiDream's block compute (the MoE feed-forward dominates), so
-merging saves mostly linear work; the speed-up is measured by bench/bench_families.py (figures in
-the README's "Speed on each DiT family"). Refused per call (run unmerged, with the reason): the E1 edit condition (`image_cond`, concatenated along the width,
+merging saves mostly linear work; the speed-up is measured by bench/speed/bench_families.py
+(figures in docs/benchmarks.md). Refused per call (run unmerged, with the reason): the E1 edit condition (`image_cond`, concatenated along the width,
 so tiles would cross the seam) and list inputs with token masks.
 """
 
