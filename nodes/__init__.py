@@ -2,5 +2,5 @@
 
 Loaded by ComfyUI as a subpackage of the pack folder, so every import in here is relative
 (`from ..toma_core import ...`). Modules that do not need ComfyUI (settings, block parsers) can be
-imported without it; tests load them through `tests/pack.py`.
+imported without it; tests and benches load them through `bench/harness/pack.py`.
 """
