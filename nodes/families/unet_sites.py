@@ -35,10 +35,6 @@ class TransformerSite:
     downsample: int
     module: torch.nn.Module
 
-    @property
-    def patch_key(self) -> str:
-        return f"diffusion_model.{self.path}.forward"
-
 
 def find_sites(unet: torch.nn.Module) -> list[TransformerSite]:
     """Every BasicTransformerBlock of a UNetModel with its block id and resolution level.
