@@ -19,6 +19,7 @@ from .unet_blocks import BlockId
 PLAN_SLOT = "unet"
 """Plan cache slot; the cache key adds the level's h x w, so this is one plan per level."""
 
+
 @dataclass(frozen=True)
 class TransformerSite:
     """One BasicTransformerBlock of the UNet.
