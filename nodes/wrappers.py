@@ -18,9 +18,10 @@ import torch
 
 from ..toma_core import StepDecision
 from .call_args import transformer_options_of
+from .contract import CallGeometry
 from .report import bypassed, format_report
 from .runtime import (
-    TORCH_COMPILE_KWARGS, CallContext, CallGeometry, RunState, compiling, enter_call, leave_call, orphan_count,
+    TORCH_COMPILE_KWARGS, CallContext, RunState, compiling, enter_call, leave_call, orphan_count,
 )
 from .settings import CALL_KEY, TOMA_KEY, ToMASettings
 
