@@ -1,19 +1,22 @@
-"""Write the README's "## Results" section from a bench/publish/run_all.py output folder, or its
-"## Quality" section from a bench/quality/quality.py output folder.
+"""Write the generated "## Results" section from a bench/publish/run_all.py output folder, or the
+"## Quality" section from a bench/quality/quality.py output folder, into the docs/*.md file that
+holds the section's heading.
 
-    python -m bench.publish.update_docs                       # reads bench/out/results.json, edits README.md
+    python -m bench.publish.update_docs                       # reads bench/out/results.json
     python -m bench.publish.update_docs --quality bench/out/quality   # reads quality.md and its figures
 
-Copies the run's plots to assets/results/ (assets/quality/) and replaces the text between the
-section's heading and the next "## " heading (the section is created before "## License", or the
-Quality section before "## Results", if missing). Every number in the section comes from the run's
-output; the rest of the README is left untouched.
+The heading line is the section's marker: the text from it to the next "## " heading (or the end of
+the file) is replaced, the rest of the file is left untouched. Exactly one docs/*.md file must hold
+the marker; README.md is never written (it is the user's page, not a place for generated tables).
+Copies the run's plots to assets/results/ (assets/quality/) and links them relative to the docs
+file. Every number in the section comes from the run's output.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -26,6 +29,10 @@ BENCH = ROOT / "bench"
 
 HEADING = "## Results"
 QUALITY_HEADING = "## Quality"
+"""The generated sections' markers: each is a heading line in one docs/*.md file."""
+
+REFUSED = "README.md"
+"""The file generated sections are never written into, wherever the search looks."""
 
 QUALITY_INTRO = """\
 Image quality is measured on small models **trained** here on natural-image crops (ComfyUI's own Flux,
@@ -47,7 +54,7 @@ tokens-to-width balance at 1024x1024; see bench/speed/bench_flux.py and bench/sp
 speed-ups are what the merge buys on those shapes; the relative errors compare ratios and methods on
 a pure-noise latent (the first sampling step), where neighbouring tokens are less alike than in a
 trained model on a real image, so they are not a measure of image quality: these tables are speed
-evidence; image quality on trained models is in [Quality](#quality). Token-level fidelity on
+evidence; image quality on trained models is in [Quality]({quality_link}). Token-level fidelity on
 natural images is the last table."""
 
 NOISE = """\
@@ -57,10 +64,10 @@ model of the same run, so load changes hit all of them alike, but single speed-u
 between runs. The relative errors are deterministic (seeded weights and inputs)."""
 
 
-def section_text(results: dict, image_dir: str) -> str:
+def section_text(results: dict, image_dir: str, quality_link: str = "#quality") -> str:
     """The Results section: intro, commands, machine, then run_all's tables and plots."""
     machine = results["machine"]
-    lines = [HEADING, "", INTRO, ""]
+    lines = [HEADING, "", INTRO.format(quality_link=quality_link), ""]
     if machine["device"] == "cpu":
         lines += [NOISE.format(cores=machine["logical_cores"]), ""]
     lines += ["Commands (from the repository root; the first one took "
@@ -76,14 +83,59 @@ def section_text(results: dict, image_dir: str) -> str:
     return "\n".join(lines) + "\n" + body.rstrip() + "\n"
 
 
-def replace_section(readme: str, section: str, heading: str = HEADING, before: str = "## License") -> str:
-    """README text with the section under `heading` replaced (or inserted before `before`)."""
-    match = re.search(rf"^{re.escape(heading)}[ \t]*\n.*?(?=^## |\Z)", readme, flags=re.S | re.M)
-    if match:
-        return readme[: match.start()] + section + "\n" + readme[match.end():]
-    anchor = re.search(rf"^{re.escape(before)}", readme, flags=re.M)
-    at = anchor.start() if anchor else len(readme)
-    return readme[:at] + section + "\n" + readme[at:]
+def _section_pattern(heading: str) -> re.Pattern[str]:
+    """The marker line `heading` and everything after it up to the next "## " heading or the end."""
+    return re.compile(rf"^{re.escape(heading)}[ \t]*\n.*?(?=^## |\Z)", flags=re.S | re.M)
+
+
+def holds_marker(text: str, heading: str) -> bool:
+    """True when `text` has the marker line `heading`."""
+    return _section_pattern(heading).search(text) is not None
+
+
+def find_doc(docs: Path, heading: str) -> Path:
+    """The one ``docs/*.md`` file whose lines include the marker `heading`.
+
+    Raises SystemExit naming the marker when no file or several hold it, or when the holder is a
+    README.md (generated sections live in docs/, never in the README)."""
+    holders = [p for p in sorted(docs.glob("*.md")) if holds_marker(p.read_text(encoding="utf-8"), heading)]
+    refused = [p for p in holders if p.name == REFUSED]
+    if refused:
+        raise SystemExit(f"refusing to write {refused[0]}: generated sections go into docs/*.md, never into "
+                         f"{REFUSED}; move its '{heading}' section into a docs/ file")
+    if len(holders) != 1:
+        found = ", ".join(str(p) for p in holders) or "none"
+        raise SystemExit(f"the marker '{heading}' must be a heading line in exactly one {docs}/*.md file "
+                         f"(found: {found}); add it where the generated section belongs")
+    return holders[0]
+
+
+def replace_section(text: str, section: str, heading: str = HEADING) -> str:
+    """`text` with the section under the marker `heading` replaced by `section`."""
+    match = _section_pattern(heading).search(text)
+    if match is None:
+        raise ValueError(f"no '{heading}' heading line to replace")
+    return text[: match.start()] + section + "\n" + text[match.end():]
+
+
+def write_section(doc: Path, section: str, heading: str) -> None:
+    """Replace the section under `heading` in `doc`, a docs file (never a README.md)."""
+    if doc.name == REFUSED:
+        raise SystemExit(f"refusing to write {doc}: generated sections go into docs/*.md, never into {REFUSED}")
+    doc.write_text(replace_section(doc.read_text(encoding="utf-8"), section, heading), encoding="utf-8")
+
+
+def link(target: Path, doc: Path) -> str:
+    """`target` as a markdown link path relative to the folder of `doc`."""
+    return Path(os.path.relpath(target, doc.parent)).as_posix()
+
+
+def quality_link(docs: Path, doc: Path) -> str:
+    """The link from `doc` to the Quality section: an anchor when it is in the same file."""
+    holders = [p for p in sorted(docs.glob("*.md")) if holds_marker(p.read_text(encoding="utf-8"), QUALITY_HEADING)]
+    if not holders or holders[0] == doc:
+        return "#quality"
+    return f"{link(holders[0], doc)}#quality"
 
 
 def quality_section(src: Path, image_dir: str) -> str:
@@ -92,7 +144,7 @@ def quality_section(src: Path, image_dir: str) -> str:
     meta = json.loads((src / "quality.json").read_text())
     runs = meta["command"].split("; ")  # several when the folder was made by quality.py --combine
     lines = [QUALITY_HEADING, "", QUALITY_INTRO, "", "```bash",
-             *(f"COMFYUI_PATH=/path/to/ComfyUI python {command}" for command in runs)]
+             *(f"COMFYUI_PATH=/path/to/ComfyUI {command}" for command in runs)]
     if len(runs) > 1:
         lines.append("python -m bench.quality.quality --combine <the --out folders above> --out bench/out/quality")
     lines += ["python -m bench.publish.update_docs --quality bench/out/quality   # this section", "```", ""]
@@ -130,24 +182,26 @@ def copy_plots(results: dict, src: Path, dst: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default=str(ROOT / "bench" / "out"), help="run_all.py output folder")
-    p.add_argument("--readme", default=str(ROOT / "README.md"))
-    p.add_argument("--assets", default="assets/results", help="plot folder, relative to the README")
+    p.add_argument("--results", default=str(BENCH / "out"), help="run_all.py output folder")
+    p.add_argument("--docs", type=Path, default=ROOT / "docs", help="folder whose *.md files hold the markers")
+    p.add_argument("--assets", type=Path, help="folder the figures are copied to (default assets/results/, "
+                   "with --quality assets/quality/)")
     p.add_argument("--quality", help="bench/quality/quality.py output folder: write the Quality section instead")
     args = p.parse_args(argv)
-    readme = Path(args.readme)
+    assets = args.assets or ROOT / "assets" / ("quality" if args.quality else "results")
     if args.quality:
-        src, assets = Path(args.quality), "assets/quality"
-        copied = copy_quality_figures(src, readme.parent / assets)
-        section = quality_section(src, assets)
-        readme.write_text(replace_section(readme.read_text(), section, QUALITY_HEADING, before=HEADING))
-        print(f"updated {readme} ({QUALITY_HEADING}); figures: {', '.join(str(c) for c in copied) or 'none'}")
+        doc = find_doc(args.docs, QUALITY_HEADING)
+        src = Path(args.quality)
+        copied = copy_quality_figures(src, assets)
+        write_section(doc, quality_section(src, link(assets, doc)), QUALITY_HEADING)
+        print(f"updated {doc} ({QUALITY_HEADING}); figures: {', '.join(str(c) for c in copied) or 'none'}")
         return 0
+    doc = find_doc(args.docs, HEADING)
     src = Path(args.results)
     results = json.loads((src / "results.json").read_text())
-    copied = copy_plots(results, src, readme.parent / args.assets)
-    readme.write_text(replace_section(readme.read_text(), section_text(results, args.assets)))
-    print(f"updated {readme} ({HEADING}); plots: {', '.join(str(c) for c in copied) or 'none'}")
+    copied = copy_plots(results, src, assets)
+    write_section(doc, section_text(results, link(assets, doc), quality_link(args.docs, doc)), HEADING)
+    print(f"updated {doc} ({HEADING}); plots: {', '.join(str(c) for c in copied) or 'none'}")
     return 0
 
 
