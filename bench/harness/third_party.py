@@ -1,7 +1,9 @@
-"""Real third-party ComfyUI packs for the compat tests (issue 13.3), imported from their sources.
+"""Real third-party ComfyUI packs for the compat tests, imported from their sources.
 
-The packs' source trees sit at pinned commits in ``../shared/third_party/`` beside the repository
-(``TOMA_THIRD_PARTY`` overrides; see that folder's README). Nothing is copied into the project:
+Where the packs' source trees are looked for (``search_folder``): the folder ``TOMA_THIRD_PARTY``
+names, when set; else, when this pack sits in ``ComfyUI/custom_nodes/``, the packs installed beside
+it there; else ``../shared/third_party/`` beside the clone (the project machines' and CI's copies at
+pinned commits; see that folder's README). Nothing is copied into the project:
 each pack folder is registered as a package under a private name without running its
 ``__init__`` (which registers every node of the pack and may import what a CPU test machine
 lacks), then only the module a test needs is imported from it, with its relative imports intact.
@@ -19,10 +21,9 @@ import types
 from pathlib import Path
 from typing import NoReturn
 
-from .comfy_env import skip_or_fail
+from .comfy_env import is_comfy_root, skip_or_fail
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
-THIRD_PARTY = Path(os.environ.get("TOMA_THIRD_PARTY") or PACK_ROOT.parent / "shared" / "third_party")
 
 TEACACHE = "ComfyUI-TeaCache"
 MAGCACHE = "ComfyUI-MagCache"
@@ -36,11 +37,25 @@ def unavailable(reason: str) -> NoReturn:
     skip_or_fail("TOMA_REQUIRE_THIRD_PARTY", "third-party packs are", reason)
 
 
+def search_folder() -> Path:
+    """The folder holding the third-party packs' source trees: ``$TOMA_THIRD_PARTY``; else
+    ``ComfyUI/custom_nodes/`` when this pack is installed there; else ``../shared/third_party``
+    beside the clone."""
+    env = os.environ.get("TOMA_THIRD_PARTY")
+    if env:
+        return Path(env).expanduser()
+    if PACK_ROOT.parent.name == "custom_nodes" and is_comfy_root(PACK_ROOT.parent.parent):
+        return PACK_ROOT.parent
+    return PACK_ROOT.parent / "shared" / "third_party"
+
+
 def pack_dir(name: str) -> Path:
-    folder = THIRD_PARTY / name
-    if not folder.is_dir():
-        unavailable(f"{name} not found in {THIRD_PARTY} (set TOMA_THIRD_PARTY)")
-    return folder
+    """The source tree of pack `name`; skips (or fails, where required) when it is not there."""
+    folder = search_folder()
+    if not (folder / name).is_dir():
+        unavailable(f"{name} not found in {folder} (install it there, or set TOMA_THIRD_PARTY to a folder "
+                    f"holding a checkout of {name})")
+    return folder / name
 
 
 def package_name(name: str) -> str:
