@@ -1,44 +1,63 @@
-"""How the benches time a call: the --clock choices, one timed call with the device synchronised,
-and a profiler table."""
+"""How the benches time calls: the --clock choices, one timed call with the device synchronised, the
+round-robin median every speed figure comes from, and a profiler table."""
 
 from __future__ import annotations
 
-import argparse
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
-CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+Clock = Callable[[], float]
+
+CLOCKS: dict[str, Clock] = {"cpu": time.process_time, "wall": time.perf_counter}
 """The benches' --clock choices. cpu: this process's CPU time, which waiting for a core shared with
 other jobs does not inflate (with one torch thread it is about the wall time the call would take
 alone); wall: elapsed time (the only meaningful clock on a GPU)."""
 
 
-def timed_ms(fn: Callable[[], object], args: argparse.Namespace,
-             clock: Callable[[], float] = time.perf_counter) -> float:
-    """Milliseconds of one fn() call on `clock`, the device synchronised before and after."""
-    sync(args)
-    start = clock()
-    fn()
-    sync(args)
-    return (clock() - start) * 1000
-
-
-def sync(args: argparse.Namespace) -> None:
+def sync(device: str | torch.device) -> None:
     """Wait for the device's queued work (CUDA only)."""
-    if args.device.startswith("cuda"):
+    if str(device).startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def profile_call(call: Callable[[], torch.Tensor], args: argparse.Namespace, row_limit: int) -> None:
+def timed_ms(fn: Callable[[], object], device: str | torch.device, clock: Clock = time.perf_counter) -> float:
+    """Milliseconds of one fn() call on `clock`, the device synchronised before and after."""
+    sync(device)
+    start = clock()
+    fn()
+    sync(device)
+    return (clock() - start) * 1000
+
+
+def median_ms(calls: Mapping[str, Callable[[], object]], device: str | torch.device, *, warmup: int, repeats: int,
+              clock: Clock = time.perf_counter,
+              before: Mapping[str, Callable[[], object]] | None = None) -> dict[str, float]:
+    """Median ms per call of each entry on `clock`: `warmup` untimed rounds, then `repeats` timed
+    ones. In every round the calls take turns (round-robin), so that load changes on a shared
+    machine hit every configuration alike. ``before[name]()``, when given, runs untimed before each
+    of that entry's turns (e.g. loading its patcher, as sampling does)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_index in range(warmup + repeats):
+        for name, fn in calls.items():
+            if before is not None:
+                before[name]()
+            ms = timed_ms(fn, device, clock)
+            if round_index >= warmup:
+                times[name].append(ms)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def profile_call(call: Callable[[], torch.Tensor], device: str | torch.device, row_limit: int) -> None:
     """Top operators of one call after a warm-up call (torch.profiler), to see where the time goes."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+    cuda = str(device).startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         call()
-        sync(args)
-    sort = "cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=sort, row_limit=row_limit))
+        sync(device)
+    print(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "self_cpu_time_total", row_limit=row_limit))

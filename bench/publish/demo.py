@@ -19,16 +19,13 @@ path, an unreadable image or bad settings.
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from ..harness import metrics, timing
 from ..tokens import fidelity as fid
 from ..speed.bench_core import FluxWidthBlock
 from toma_core import SIMILARITIES, make_plan
@@ -106,11 +103,6 @@ def reconstruct(image, args: argparse.Namespace) -> Reconstruction:
     return Reconstruction(pixels, h, w, args.patch, plan, toma_px, tome_px)
 
 
-def psnr(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    mse = float((approx - exact).pow(2).mean())
-    return float("inf") if mse == 0 else 10 * math.log10(1.0 / mse)
-
-
 # --------------------------------------------------------------------------------------------
 # The picture
 
@@ -149,25 +141,6 @@ def draw_panels(rec: Reconstruction, tile_size: int, title: str):
 # One Flux-width block, timed
 
 
-def median_ms(cases: dict[str, Callable[[], object]], device: torch.device, warmup: int,
-              repeats: int) -> dict[str, float]:
-    """Median wall time in ms of every case, after warm-up; the cases take turns in each round so
-    that load from other processes hits them alike. Synchronises on cuda."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for fn in cases.values():
-        for _ in range(warmup):
-            fn()
-    sync()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, fn in cases.items():
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(1000 * (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def block_tokens(rec: Reconstruction, side: int, width: int, seed: int, device, dtype) -> torch.Tensor:
     """The demo image as (1, side*side, width) block input: patches of a side x side grid, projected."""
     pixels = resize(rec.pixels.numpy(), side * 4, side * 4)
@@ -201,7 +174,7 @@ def time_block(rec: Reconstruction, args: argparse.Namespace, device: torch.devi
         f"block alone on D={plan.num_kept} tokens (limit)": lambda: block(x[:, : plan.num_kept]),
     }
     with torch.inference_mode():
-        return median_ms(cases, device, args.warmup, args.repeats)
+        return timing.median_ms(cases, device, warmup=args.warmup, repeats=args.repeats)
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,9 +233,9 @@ READING = (
     "      a model never does: in a block only the block's change is spread back and each token keeps\n"
     "      its own detail. ToMe's fixed 2x2 cells rebuild flat pixels well, but in ComfyUI ToMe merges\n"
     "      only attention queries (little speed-up; none on SDXL). Image quality on trained models is\n"
-    "      measured by bench/quality/quality.py (README, Quality) - not by this number."
+    "      measured by bench/quality/quality.py (the Quality section in docs/) - not by this number."
 )
-"""Printed under the errors (issue 10): a lower ToMe error here does not mean ToMe gives better images."""
+"""Printed under the errors: a lower ToMe error here does not mean ToMe gives better images."""
 
 
 def run(args: argparse.Namespace) -> None:
@@ -276,12 +249,12 @@ def run(args: argparse.Namespace) -> None:
     n, d = rec.h * rec.w, rec.plan.num_kept
     say(f"      {rec.h}x{rec.w} tokens of {args.patch}x{args.patch} px: N={n} -> D={d} ({d / n:.0%} kept)")
     for name, approx in (("ToMA", rec.toma), ("ToMe (ComfyUI's scheme, same ratio)", rec.tome)):
-        say(f"      {name}: merge->unmerge relative error {fid.relative_error(approx, rec.pixels):.4f}, "
-            f"PSNR {psnr(approx, rec.pixels):.2f} dB")
+        say(f"      {name}: merge->unmerge relative error {metrics.relative_error(approx, rec.pixels):.4f}, "
+            f"PSNR {metrics.psnr(approx, rec.pixels):.2f} dB")
     say(READING)
     out = Path(args.out)
     title = (f"ToMA ratio {args.ratio}, tile {args.tile_size}, {args.similarity}: {n} -> {d} tokens, "
-             f"merge->unmerge error {fid.relative_error(rec.toma, rec.pixels):.4f}")
+             f"merge->unmerge error {metrics.relative_error(rec.toma, rec.pixels):.4f}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         draw_panels(rec, args.tile_size, title).save(out)

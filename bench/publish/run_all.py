@@ -1,6 +1,6 @@
 """Run the whole benchmark suite and write one markdown table file, one JSON file and the plots.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.publish.run_all          # CPU, < 10 min on 2 cores
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.publish.run_all          # CPU, < 10 min on 2 cores
     python -m bench.publish.run_all --device cuda                                           # real model sizes, bf16/fp16
     python -m bench.publish.run_all --smoke --out /tmp/smoke                                # tiny sizes, seconds
 
@@ -11,9 +11,9 @@ Sections (each timed in this run, speed-ups always against the unpatched model o
 - sdxl: the same on bench_sdxl's SDXL-shaped UNet: unpatched vs ToMA vs scope "attention" vs the
   built-in ToMe.
 - families: bench/speed/bench_families.py, ms per model call of family-shaped SD3, Qwen-Image, Lumina2,
-  HunyuanVideo and HiDream models at ratio 0.5 against each one's ideal (D tokens) (issue 14).
+  HunyuanVideo and HiDream models at ratio 0.5 against each one's ideal (D tokens).
 - wan: bench/speed/bench_wan.py, ms per model call of a Wan-shaped video model (14B's tokens-to-width
-  balance at 832x480x81), unpatched vs ToMA per ratio vs the ideal (D tokens) (issue 12).
+  balance at 832x480x81), unpatched vs ToMA per ratio vs the ideal (D tokens).
 - tokens: bench/tokens/fidelity.py, merge fidelity on natural-image tokens, ToMA vs ToMe vs pooling.
 
 Sizes. Default (CPU): the benches' CPU shapes (Flux hidden 768 with 2+4 blocks on 32x32 tokens,
@@ -26,7 +26,7 @@ skipped with the reason, and the rest still runs.
 
 Writes <out>/results.md, <out>/results.json, <out>/*_speedup_vs_error.png, <out>/token_fidelity.png
 and <out>/fidelity/ (bench/tokens/fidelity.py's own tables). bench/publish/update_docs.py turns them into the
-README's Results section.
+generated Results section in docs/.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from ..tokens import model_fidelity
+from ..tokens import fidelity, model_fidelity
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,18 +221,19 @@ def families_section(args: argparse.Namespace, preset: Preset) -> dict:
     return {"command": command, "setup": lines[0] if lines else "", "rows": rows}
 
 
-def node_defaults() -> dict:
-    """The ToMA nodes' default similarity, tile size and temperature (nodes/settings.py)."""
+def merge_defaults() -> dict:
+    """The default similarity, tile size, temperature and budget of ToMASettings (nodes/settings.py),
+    which the token section always measures; no ComfyUI needed (the node schemas' defaults, which
+    need it, are ``quality_baseline.node_defaults``)."""
     from ..harness.pack import pack_module
 
     s = pack_module("nodes.settings").ToMASettings()
-    return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature,
-            "budget": getattr(s, "budget", "tile")}
+    return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature, "budget": s.budget}
 
 
 def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
     """bench/tokens/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
-    default = node_defaults()
+    default = merge_defaults()
     argv = ["--out", str(out / "fidelity"), *preset.tokens]
     if preset.name in ("cpu", "cuda"):
         argv += ["--temperatures", f"{default['temperature']:g},0"]
@@ -296,16 +297,10 @@ def _matches(record: dict, settings: dict) -> bool:
     return all(record.get(k, "tile" if k == "budget" else None) == v for k, v in settings.items())
 
 
-def best_toma(records: list[dict], metric: str, ratios: list[float]) -> dict | None:
-    """Settings of the ToMA record set with the lowest mean `metric` over the ratios."""
-    keys = {(r["similarity"], r["tile"], r["temperature"], r.get("budget", "tile")) for r in records if r["method"] == "toma"}
-    scored = []
-    for sim, tile, temp, budget in sorted(keys):
-        settings = {"similarity": sim, "tile": tile, "temperature": temp, "budget": budget}
-        values = [find_record(records, "toma", q, **settings) for q in ratios]
-        if all(values):
-            scored.append((sum(v[metric] for v in values) / len(values), settings))
-    return min(scored, key=lambda s: s[0])[1] if scored else None
+def toma_settings(record: dict) -> dict:
+    """The ToMA settings of a fidelity record (records without a budget used the tile budget)."""
+    return {"similarity": record["similarity"], "tile": record["tile"], "temperature": record["temperature"],
+            "budget": record.get("budget", "tile")}
 
 
 def _setting_text(settings: dict) -> str:
@@ -317,7 +312,8 @@ def token_rows(section: dict) -> list[tuple[str, str, dict]]:
     """(label, method, settings) rows of the token table: node default, best by attn, ToMe, pooling."""
     records, ratios = section["records"], section["ratios"]
     rows = [(f"{_setting_text(section['default'])} (nodes' default)", "toma", section["default"])]
-    best = best_toma(records, "attn", ratios)
+    best_record = fidelity.best_toma(records, "attn", ratios)
+    best = best_record and toma_settings(best_record)
     if best and best != section["default"]:
         rows.append((f"{_setting_text(best)} (lowest attn error here)", "toma", best))
     rows += [("ToMe (ComfyUI built-in scheme)", "tome", {}), ("2x2 average pooling", "pool2x2", {}),

@@ -1,6 +1,6 @@
-"""Image quality of ToMA on the trained fixtures, against what a user would do instead (issue 11 point 2).
+"""Image quality of ToMA on the trained fixtures, against what a user would do instead.
 
-    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python -m bench.quality.quality                 # every fixture
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.quality.quality                 # every fixture
     python -m bench.quality.quality --families flux --quick --out /tmp/q                       # smoke run
     python -m bench.quality.quality --combine /tmp/q_flux /tmp/q_sd15 --out /tmp/q             # one report of two runs
 
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..harness import cli
+from ..harness import cli, metrics
 from ..harness.timing import CLOCKS
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -469,11 +469,7 @@ def result_of(family: str, row: dict[str, Any], variant: Variant | str, measured
 
 def image_metrics(reference: np.ndarray, image: np.ndarray) -> tuple[float, float]:
     """PSNR (dB, inf when identical) and SSIM of two (H, W, 3) images in [0, 1]."""
-    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
-
-    with np.errstate(divide="ignore"):
-        psnr = float(peak_signal_noise_ratio(reference, image, data_range=1.0))
-    return psnr, float(structural_similarity(reference, image, channel_axis=2, data_range=1.0))
+    return metrics.psnr(reference, image), metrics.ssim(reference, image)
 
 
 # ------------------------------------------------------------------------------ main

@@ -1,6 +1,6 @@
-"""Record the ToMA Patch defaults' image quality on each trained fixture (issue 11 point 7).
+"""Record the ToMA Patch defaults' image quality on each trained fixture.
 
-    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python -m bench.quality.quality_baseline --write
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.quality.quality_baseline --write
 
 For every fixture (bench/harness/trained.py) and seed in SEEDS, samples the unpatched model and the model
 through the ToMA Patch node at its schema defaults, with the fixture's sampler settings, and takes
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..harness import cli
+from ..harness import cli, metrics
 
 BENCH = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
     scores = []
     for seed in seeds:
         noise = comfy.sample.prepare_noise(torch.zeros(trained.latent_shape(family)), seed)
-        scores.append(stability.psnr(sample(base, noise, seed), sample(patched, noise, seed)))
+        scores.append(metrics.psnr(sample(base, noise, seed), sample(patched, noise, seed)))
     return scores
 
 

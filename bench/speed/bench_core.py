@@ -4,21 +4,19 @@
     python -m bench.speed.bench_core --device cuda --dtype bf16
 
 Prints the median milliseconds of each piece and the overhead as a percentage of one unmerged
-block forward on the same tokens (issue 2, target < 5% at ratio 0.5, tile 4, 4096 tokens).
+block forward on the same tokens (the target: under 5 % at ratio 0.5, tile 4, 4096 tokens).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
 from toma_core import make_plan
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..harness import timing
+from ..harness.cli import DTYPES
 
 
 class FluxWidthBlock(torch.nn.Module):
@@ -38,21 +36,6 @@ class FluxWidthBlock(torch.nn.Module):
         q, k, v = qkv.unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
         attn = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
         return x + self.linear2(torch.cat([attn, torch.nn.functional.gelu(mlp, approximate="tanh")], dim=-1))
-
-
-def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
-    """Median wall time of fn() in ms after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -81,7 +64,7 @@ def main() -> None:
             "unmerge_residual": lambda: plan.unmerge_residual(x, merged, merged),
             "block (D tokens)": lambda: block(merged),
         }
-        ms = {name: median_ms(fn, args.repeats, args.device) for name, fn in pieces.items()}
+        ms = timing.median_ms(pieces, args.device, warmup=1, repeats=args.repeats)
     block_ms = ms["block (N tokens)"]
     overhead = ms["make_plan"] + ms["merge"] + ms["unmerge_residual"]
     print(f"device={args.device} dtype={args.dtype} width={args.width} tokens={n} D={plan.num_kept} "

@@ -1,9 +1,9 @@
-"""Model-level speed of ToMA on the DiT families of issue 14, each a family-shaped model built
+"""Model-level speed of ToMA on the DiT families beyond Flux, SDXL and Wan, each a family-shaped model built
 from ComfyUI's own classes with random weights (CPU sizes: hidden 768, 12 heads of 64, a 32 x 32
 image-token grid (HunyuanVideo: 4 frames of 16 x 16), the family's usual text length, a few
 blocks).
 
-    COMFYUI_PATH=~/comfy/ComfyUI python -m bench.speed.bench_families --threads 1 --clock cpu   # every family
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.bench_families --threads 1 --clock cpu   # every family
     python -m bench.speed.bench_families --family qwen_image --ratios 0.25 0.5 0.75
 
 For each family and ratio, in one round-robin (interleaved medians of ms per model call; each
@@ -15,7 +15,6 @@ against the unpatched model of the same round; "vs ideal" is ToMA's time over th
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -125,20 +124,19 @@ def make_call(patcher, shape: Shape, args: argparse.Namespace, grid_hw: tuple[in
     return sampling.model_call(patcher, x, sigmas, [0], ["bench"], **kwargs)
 
 
-def median_ms(calls: dict[str, tuple[object, Callable[[], torch.Tensor]]], args: argparse.Namespace) -> dict[str, float]:
+def timed_round_robin(calls: dict[str, tuple[object, Callable[[], torch.Tensor]]],
+                      args: argparse.Namespace) -> dict[str, float]:
     """Median ms per call of each (patcher, call), timed round-robin. Each patcher is loaded before
     its turn (untimed): loading applies its object patches (Lumina2, HiDream) and takes the other
     clones' off, as sampling does."""
     import comfy.model_management
 
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for round_index in range(args.warmup + args.repeats):
-        for name, (patcher, fn) in calls.items():
-            comfy.model_management.load_models_gpu([patcher])
-            ms = timing.timed_ms(fn, args, timing.CLOCKS[args.clock])
-            if round_index >= args.warmup:
-                times[name].append(ms)
-    return {name: statistics.median(values) for name, values in times.items()}
+    def loader(patcher: object) -> Callable[[], None]:
+        return lambda: comfy.model_management.load_models_gpu([patcher])
+
+    return timing.median_ms({name: fn for name, (_, fn) in calls.items()}, args.device, warmup=args.warmup,
+                            repeats=args.repeats, clock=timing.CLOCKS[args.clock],
+                            before={name: loader(patcher) for name, (patcher, _) in calls.items()})
 
 
 def bench_family(name: str, args: argparse.Namespace) -> list[str]:
@@ -152,7 +150,7 @@ def bench_family(name: str, args: argparse.Namespace) -> list[str]:
     for ratio in args.ratios:
         d = kept_tokens(ratio, frame_args)
         toma = patch(base, ratio, args)
-        ms = median_ms({
+        ms = timed_round_robin({
             "plain": (base, make_call(base, shape, args, full)),
             "toma": (toma, make_call(toma, shape, args, full)),
             "ideal": (base, make_call(base, shape, args, ideal_grid(d, full))),

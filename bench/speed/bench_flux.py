@@ -1,6 +1,6 @@
 """Model-level speed of ToMA on a Flux-shaped model built from ComfyUI's own classes.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.speed.bench_flux            # CPU
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.bench_flux            # CPU
     python -m bench.speed.bench_flux --device cuda --dtype bf16 --real-size                   # GPU, Flux.1 sizes
 
 Default (CPU): comfy.model_base.Flux with hidden 768 (12 heads of 64), 2 double + 4 single blocks,
@@ -16,7 +16,6 @@ the ideal. --profile prints where a ToMA call spends its time.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -76,19 +75,6 @@ def make_call(patcher, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Ca
     return sampling.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context, y=y, guidance=guidance)
 
 
-def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) -> dict[str, float]:
-    """Median ms per call of each entry, timed round-robin so that load changes on a shared
-    machine hit every configuration alike."""
-    for fn in calls.values():
-        for _ in range(args.warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, fn in calls.items():
-            times[name].append(timing.timed_ms(fn, args))
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def ideal_grid(tokens: int, like: tuple[int, int]) -> tuple[int, int]:
     """An h x w grid with exactly `tokens` tokens, as square as possible (h <= like[0])."""
     best = (1, tokens)
@@ -132,13 +118,13 @@ def main(argv: list[str] | None = None) -> None:
             "toma": make_call(patch(base, ratio, args), args, (args.grid, args.grid)),
             "ideal": make_call(base, args, ideal_grid(d, (args.grid, args.grid))),
         }
-        ms = median_ms(calls, args)
+        ms = timing.median_ms(calls, args.device, warmup=args.warmup, repeats=args.repeats)
         plain, toma, ideal = ms["plain"], ms["toma"], ms["ideal"]
         print(f"{'unpatched':<14}{n:>8}{plain:>10.1f}{1.0:>10.2f}")
         print(f"{'ToMA ' + format(ratio, 'g'):<14}{d:>8}{toma:>10.1f}{plain / toma:>10.2f}{ideal:>10.1f}"
               f"{plain / ideal:>9.2f}{(toma / ideal - 1) * 100:>9.1f}%")
         if args.profile and ratio == args.ratios[0]:
-            timing.profile_call(calls["toma"], args, row_limit=18)
+            timing.profile_call(calls["toma"], args.device, row_limit=18)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Model-level speed of ToMA on an SDXL-shaped UNet built from ComfyUI's own classes (issue 4 pt 7).
+"""Model-level speed of ToMA on an SDXL-shaped UNet built from ComfyUI's own classes.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.speed.bench_sdxl             # CPU
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.bench_sdxl             # CPU
     python -m bench.speed.bench_sdxl --device cuda --dtype fp16 --real-size                     # GPU, SDXL sizes
 
 Default (CPU): comfy.model_base.SDXL with SDXL's topology (channel_mult 1, 2, 4; transformer depth
@@ -128,7 +128,7 @@ def time_calls(patcher, call: Callable[[], torch.Tensor], args: argparse.Namespa
     out = call()
     if not torch.isfinite(out).all():
         print("warning: non-finite model output", file=sys.stderr)
-    return [timing.timed_ms(call, args, timing.CLOCKS[args.clock]) for _ in range(args.calls)]
+    return [timing.timed_ms(call, args.device, timing.CLOCKS[args.clock]) for _ in range(args.calls)]
 
 
 def round_robin(configs: dict[str, object], calls: dict[str, Callable[[], torch.Tensor]],
@@ -160,7 +160,7 @@ def profile_call(patcher, call: Callable[[], torch.Tensor], args: argparse.Names
     import comfy.model_management
 
     comfy.model_management.load_models_gpu([patcher])
-    timing.profile_call(call, args, row_limit=20)
+    timing.profile_call(call, args.device, row_limit=20)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
-"""Model-level speed of ToMA on a Wan-shaped video model built from ComfyUI's own classes (issue 12).
+"""Model-level speed of ToMA on a Wan-shaped video model built from ComfyUI's own classes.
 
-    COMFYUI_PATH=~/comfy/ComfyUI OMP_NUM_THREADS=1 ~/comfy/venv/bin/python -m bench.speed.bench_wan   # CPU
+    COMFYUI_PATH=/path/to/ComfyUI OMP_NUM_THREADS=1 python -m bench.speed.bench_wan   # CPU
     python -m bench.speed.bench_wan --device cuda --dtype bf16 --real-size                           # GPU, Wan 14B
 
 Default (CPU): comfy.model_base.WAN21 (WanModel) with dim 512 (4 heads of 128, ffn 1384), 4 blocks,
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-from collections.abc import Callable
 
 import torch
 
@@ -99,19 +97,6 @@ def patch(patcher, ratio: float, tile_frames: int, args: argparse.Namespace):
     )
 
 
-def median_ms(calls: dict[str, Callable[[], object]], args: argparse.Namespace) -> dict[str, float]:
-    """Median ms per call of each entry on --clock, timed round-robin so that load changes hit
-    every configuration alike."""
-    for fn in calls.values():
-        for _ in range(args.warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, fn in calls.items():
-            times[name].append(timing.timed_ms(fn, args, clock=CLOCKS[args.clock]))
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def default_tile_frames() -> int:
     from ..harness.pack import pack_module
 
@@ -153,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         calls |= {f"toma{t}": make_call(patch(base, ratio, t, args), args, (args.frames, args.height, args.width))
                   for t in args.tile_frames}
         calls["ideal"] = make_call(base, args, (args.frames, *ideal))
-        ms = median_ms(calls, args)
+        ms = timing.median_ms(calls, args.device, warmup=args.warmup, repeats=args.repeats,
+                              clock=CLOCKS[args.clock])
         plain, best = ms["plain"], ms["ideal"]
         print(f"| unpatched | {n} | {plain:.1f} | 1.00 | | | |")
         print(f"| ideal {ratio:g} | {args.frames * ideal[0] * ideal[1]} | {best:.1f} | {plain / best:.2f} | | | |")
@@ -163,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {label} | {d[t]} | {toma:.1f} | {plain / toma:.2f} | {best:.1f} | {plain / best:.2f} | "
                   f"{100 * (plain / toma) / (plain / best):.0f}% |")
         if args.profile and ratio == args.ratios[0]:
-            timing.profile_call(calls[f"toma{args.tile_frames[0]}"], args, row_limit=18)
+            timing.profile_call(calls[f"toma{args.tile_frames[0]}"], args.device, row_limit=18)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ from einops import rearrange
 
 from toma_core import BUDGETS, SIMILARITIES, make_plan
 
+from ..harness.metrics import relative_error
+
 log = logging.getLogger("toma.fidelity")
 
 SAMPLE_IMAGES = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "camera")
@@ -254,11 +256,6 @@ def pool_merger(batch: int, h: int, w: int, ky: int = 2, kx: int = 2) -> HardMer
 # Metrics
 
 
-def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """||approx - exact||_F / ||exact||_F."""
-    return float((approx - exact).norm() / exact.norm().clamp_min(1e-12))
-
-
 @dataclass(frozen=True)
 class RandomAttention:
     """Multi-head self-attention with random seeded weights; (B, N, C) -> (B, N, C).
@@ -441,12 +438,16 @@ def lookup(records: list[dict], label: str, ratio: float) -> dict | None:
     return next((r for r in records if r["label"] == label and math.isclose(r["ratio"], ratio)), None)
 
 
-def best_toma(records: list[dict], metric: str, ratios: Iterable[float]) -> str:
-    """Label of the ToMA setting with the lowest mean `metric` over `ratios`."""
-    labels = sorted({r["label"] for r in records if r["method"] == "toma"})
-    def score(label: str) -> float:
-        return statistics.fmean(lookup(records, label, ratio)[metric] for ratio in ratios)
-    return min(labels, key=score)
+def best_toma(records: list[dict], metric: str, ratios: Iterable[float]) -> dict | None:
+    """The record, at the first of `ratios`, of the ToMA setting with the lowest mean `metric` over
+    `ratios` (a setting without a record at every ratio is passed over); None when there is none."""
+    ratios = list(ratios)
+    scored = []
+    for label in sorted({r["label"] for r in records if r["method"] == "toma"}):
+        found = [lookup(records, label, ratio) for ratio in ratios]
+        if all(found):
+            scored.append((statistics.fmean(f[metric] for f in found), found[0]))
+    return min(scored, key=lambda s: s[0])[1] if scored else None
 
 
 def metric_table(records: list[dict], metric: str, ratios: list[float]) -> list[str]:
@@ -476,6 +477,7 @@ def render_markdown(records: list[dict], args: argparse.Namespace, seconds: floa
     ratios = sorted({rec["ratio"] for rec in records})
     main_ratios = list(args.ratios)
     best = {m: best_toma(records, m, main_ratios) for m in METRICS}
+    best = {m: record["label"] for m, record in best.items() if record is not None}
     out = [
         "# Token-merging fidelity on natural-image tokens",
         "",

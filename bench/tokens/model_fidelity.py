@@ -1,6 +1,6 @@
 """Model-level fidelity and speed of ToMA on the Flux-shaped and SDXL-shaped benchmark models.
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m bench.tokens.model_fidelity            # CPU, both
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.tokens.model_fidelity            # CPU, both
     python -m bench.tokens.model_fidelity --device cuda --real-size                                # GPU sizes
 
 The models, inputs, patches and timing loops are the ones of bench/speed/bench_flux.py and
@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from ..harness import timing
+from ..harness.metrics import relative_error
 from ..speed import bench_flux
 from ..speed import bench_sdxl
 
@@ -73,15 +75,6 @@ class FamilyResult:
     reference_repeat_error: float
     seconds: float
     seeds: list[int] = field(default_factory=lambda: [0])
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float32 (nan when the reference is not finite or zero)."""
-    out, ref = out.detach().float(), ref.detach().float()
-    norm = float(ref.norm())
-    if not torch.isfinite(ref).all() or norm == 0:
-        return float("nan")
-    return float((out - ref).norm()) / norm
 
 
 def perturbed(base, scale: float, seed: int = 1):
@@ -163,7 +156,7 @@ def flux_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> Fami
         calls[f"ideal {r:g}"] = bench_flux.make_call(base, args, bench_flux.ideal_grid(d, full))
         tokens[f"ideal {r:g}"] = f"{d}"
     ref = calls["unpatched"]()
-    ms = bench_flux.median_ms(calls, args)
+    ms = timing.median_ms(calls, args.device, warmup=args.warmup, repeats=args.repeats)
     repeat = relative_error(calls["unpatched"](), ref)
     rows = _rows("flux", ms, tokens, errors)
     setup = (f"comfy.model_base.Flux, hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "

@@ -1,6 +1,6 @@
-"""How far a tiny perturbation moves the sampled image, unpatched against ToMA (issue 11 point 6).
+"""How far a tiny perturbation moves the sampled image, unpatched against ToMA.
 
-    COMFYUI_PATH=/work/shared/ComfyUI .venv/bin/python -m bench.tokens.stability --tie-tolerances 0,1e-4
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.tokens.stability --tie-tolerances 0,1e-4
     python -m bench.tokens.stability --families flux --seeds 1 --compile        # also eager against inductor
 
 Destination choice is discrete: where two candidate tokens are nearly as good, float noise decides,
@@ -14,15 +14,13 @@ dB; inf = bit-identical) with the image sampled after one perturbation:
 - compiled (--compile): the same model through ComfyUI's TorchCompileModel node (inductor).
 
 Rows: the unpatched model, and the ToMA Patch node at its defaults once per greedy tie tolerance
-(``toma_core.facility.TIE_TOLERANCE``; 0 is the behaviour before issue 11.6: only exact ties go
-to the lowest index). The unpatched model's PSNR is the floor of what any perturbation does; the
+(``toma_core.facility.TIE_TOLERANCE``; 0: only exact ties go to the lowest index). The unpatched model's PSNR is the floor of what any perturbation does; the
 closer ToMA's is to it, the more stable ToMA is.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -32,6 +30,7 @@ import numpy as np
 import torch
 
 from ..harness import cli
+from ..harness.metrics import psnr
 
 BENCH = Path(__file__).resolve().parents[1]
 
@@ -47,12 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="also compare eager with TorchCompileModel (inductor)")
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
-
-
-def psnr(reference: np.ndarray, image: np.ndarray) -> float:
-    """PSNR in dB of two images in [0, 1]; inf when identical."""
-    mse = float(np.mean((reference - image) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def sampler(family: str) -> Callable[[Any, torch.Tensor, int], np.ndarray]:

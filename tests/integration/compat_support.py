@@ -1,5 +1,5 @@
 """Helpers shared by the integration tests that patch tiny random-weight models on CPU: the Flux and
-UNet tests and the compatibility tests (issue 7: ToMA with ComfyUI's built-in nodes and with
+UNet tests and the compatibility tests (ToMA with ComfyUI's built-in nodes and with
 stand-ins for third-party packs' calling conventions).
 
 Import only once ComfyUI is importable (the ``toma`` fixture in conftest.py makes sure).
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench.harness.metrics import relative_error as rel  # noqa: F401 (the compat and family tests say rel)
 from bench.harness.pack import pack_module
 
 RUNTIME_LOGGER = "comfyui_toma_pack.nodes.wrappers"
@@ -67,11 +68,6 @@ def record_attention(
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
     return clone, calls
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative L2 difference |a - b| / |b|."""
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
 def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4, cfg: float = 2.0, **kw: Any) -> torch.Tensor:
