@@ -1,4 +1,4 @@
-"""toma_core is a self-contained library: it must import nothing from ComfyUI (issue 2)."""
+"""toma_core is a self-contained library: it must import nothing from ComfyUI."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ def test_flux_workflow_is_well_formed():
     assert {"UNETLoader", "DualCLIPLoader", "VAELoader", "ToMAPatch", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
     assert not unconnected_required_inputs(workflow)
     toma = next(node for node in workflow["nodes"] if node["type"] == "ToMAPatch")
-    start = pack_module("nodes.settings").NODE_START_PERCENT  # the node's default (issue 11.5)
+    start = pack_module("nodes.settings").NODE_START_PERCENT  # the node's default
     assert toma["widgets_values"] == [0.5, 4, start, 1.0, 1, 1]
     sampler = next(node for node in workflow["nodes"] if node["type"] == "KSampler")
     model_link = sampler["inputs"][0]["link"]

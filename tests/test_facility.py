@@ -84,7 +84,7 @@ def test_rejects_k_outside_range(k: int) -> None:
 
 
 def test_near_ties_go_to_the_lowest_index_whatever_the_float_noise() -> None:
-    """Issue 11.6: near-identical tokens must not let 1e-6 noise flip the picks."""
+    """Near-identical tokens must not let 1e-6 noise flip the picks."""
     from toma_core.facility import TIE_TOLERANCE
 
     torch.manual_seed(0)

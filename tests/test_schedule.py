@@ -90,7 +90,7 @@ def test_illegal_schedule_raises(kwargs: dict, match: str) -> None:
         MergeSchedule(**kwargs)
 
 
-# --- merge_every (issue 11 point 3) -----------------------------------------------------------
+# --- merge_every -----------------------------------------------------------
 
 LONG = [14.6 * 0.8**i for i in range(24)] + [0.0]
 """A 24-step schedule, long enough for several plan epochs at every merge_every tried."""

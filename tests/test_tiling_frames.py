@@ -1,4 +1,4 @@
-"""Spatio-temporal tiles (issue 12): a t-major frames x height x width grid cut into
+"""Spatio-temporal tiles: a t-major frames x height x width grid cut into
 tile_frames x tile_size x tile_size tiles, padded where the tile does not divide the grid."""
 
 from __future__ import annotations

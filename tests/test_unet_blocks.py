@@ -8,7 +8,7 @@ from bench.harness.pack import pack_module
 unet_blocks = pack_module("nodes.families.unet_blocks")
 parse = unet_blocks.parse_unet_blocks
 
-# SDXL's transformer blocks and their downsampling from the latent (DESIGN §2).
+# SDXL's transformer blocks and their downsampling from the latent (comfy.supported_models.SDXL).
 SDXL = [("input", 4, 2), ("input", 5, 2), ("input", 7, 4), ("input", 8, 4), ("middle", 0, 4)] + [
     ("output", i, 4) for i in range(3)
 ] + [("output", i, 2) for i in range(3, 6)]
@@ -24,7 +24,7 @@ def selected(spec: str, blocks: list[tuple[str, int, int]]) -> list[tuple[str, i
 
 
 def test_auto_covers_every_sdxl_level_including_32x32() -> None:
-    # issue 4 point 3: on SDXL at 1024^2 "auto" must include the 32x32 (1/4) level.
+    # On SDXL at 1024^2 "auto" must include the 32x32 (1/4) level.
     assert selected("auto", SDXL) == [(g, i) for g, i, _ in SDXL]
     assert ("middle", 0) in selected("auto", SDXL)
 

@@ -1,4 +1,4 @@
-"""Smoke test of bench/tokens/video_fidelity.py (issue 12: how many frames a tile spans) on a tiny video.
+"""Smoke test of bench/tokens/video_fidelity.py (how many frames a tile spans) on a tiny video.
 
 On a still shot every frame repeats the first, so tiles spanning two frames can merge each token
 with its copy in the next frame: their roundtrip error must be lower than with one frame per tile.

@@ -1,4 +1,4 @@
-"""Video merge plans (issue 12): frame segments, spatio-temporal tiles, pass-through spans."""
+"""Video merge plans: frame segments, spatio-temporal tiles, pass-through spans."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ in ``ComfyUI/custom_nodes/``; ``~/comfy/ComfyUI``; ``../shared/ComfyUI`` beside 
 (torch, a torchvision that loads, einops, transformers, ...); when they are missing the caller gets
 a skip reason, never an exception. Where ComfyUI is required (``CI=true`` or
 ``TOMA_REQUIRE_COMFYUI=1``, set by ``.ci/run``), the tests fail with that reason instead of
-skipping (issue 10).
+skipping.
 
 Without ``main.py``, ``comfy.cli_args.args.cpu`` must be set before ``comfy.model_management`` is
 first imported, or ComfyUI picks the accelerator itself. Set ``COMFYUI_USE_GPU=1`` to leave the
@@ -30,7 +30,7 @@ PACK_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMFY_PATH = Path("~/comfy/ComfyUI").expanduser()
 
 SHARED_COMFY_PATH = PACK_ROOT.parent / "shared" / "ComfyUI"
-"""The project machines' and CI's read-only ComfyUI, beside the repository (issue 10)."""
+"""The project machines' and CI's read-only ComfyUI, beside the repository."""
 
 _MARKER = Path("comfy") / "model_management.py"
 

@@ -1,4 +1,4 @@
-"""Model files in ComfyUI's real on-disk formats, made at test time with random weights (issue 13).
+"""Model files in ComfyUI's real on-disk formats, made at test time with random weights.
 
 Nothing here is downloaded or committed: each function builds ComfyUI's own module class (so
 the key names and shapes are exactly what its loaders and model detection expect), fills it

@@ -1,6 +1,6 @@
-"""Tiny, randomly initialised DiTs of the families added in issue 14 (SD3, Qwen-Image, Lumina2,
-HunyuanVideo, HiDream), built from ComfyUI's own classes and configs (research/dit_family.md
-§10), with conditioning shaped for each. Weights are filled by ``tiny_models.init_weights``.
+"""Tiny, randomly initialised DiTs of the families beyond Flux, SDXL and Wan (SD3, Qwen-Image,
+Lumina2, HunyuanVideo, HiDream), built from ComfyUI's own ``comfy.supported_models`` classes and
+their unet configs at toy width and depth, with conditioning shaped for each. Weights are filled by ``tiny_models.init_weights``.
 
 Import only once ComfyUI is importable (the ``tiny`` fixture makes sure).
 """

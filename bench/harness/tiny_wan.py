@@ -1,6 +1,6 @@
-"""Tiny, randomly initialised Wan models (ComfyUI's real classes) and their conditioning (issue 12).
+"""Tiny, randomly initialised Wan models (ComfyUI's real classes) and their conditioning.
 
-Configs follow research/dit_family.md §10.2: dim 64, 4 heads of 16 (rope axes 8/4/4), ffn 128,
+Configs (toy sizes of ``comfy.ldm.wan.model.WanModel``'s arguments): dim 64, 4 heads of 16 (rope axes 8/4/4), ffn 128,
 3 blocks, text_dim 32. Kinds and the ComfyUI classes they build:
 
 - "t2v": supported_models.WAN21_T2V -> model_base.WAN21 -> WanModel (Wan 2.1 / 2.2 A14B T2V)

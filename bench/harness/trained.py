@@ -1,4 +1,4 @@
-"""Trained tiny fixtures (issue 11): model configs, the pixel codec, loading, conditioning, sampler settings.
+"""Trained tiny fixtures: model configs, the pixel codec, loading, conditioning, sampler settings.
 
 Each family is a real ComfyUI model class built from a small config (``comfy.supported_models.Flux``
 -> ``comfy.model_base.Flux``; ``comfy.supported_models.SDXL`` -> ``comfy.model_base.SDXL``), whose

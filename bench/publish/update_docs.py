@@ -72,7 +72,7 @@ def section_text(results: dict, image_dir: str, quality_link: str = "#quality") 
         lines += [NOISE.format(cores=machine["logical_cores"]), ""]
     lines += ["Commands (from the repository root; the first one took "
               f"{results['seconds']:.0f} s here):", "", "```bash",
-              f"COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/{results['command']}",
+              f"COMFYUI_PATH=/path/to/ComfyUI {results['command']}",
               "python -m bench.publish.update_docs          # this section, from bench/out/results.json",
               "```", "",
               f"Machine: {run_all.machine_line(machine)}.", ""]

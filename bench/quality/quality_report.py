@@ -145,8 +145,7 @@ BASE_LABEL = re.compile(r"^ToMA [\d.]+( start [\d.]+)?$")
 
 
 def lever_lines(rows: list[Any]) -> list[str]:
-    """Each lever (a schedule or advanced row) against plain ToMA at the same ratio and start (issue 11
-    point 4)."""
+    """Each lever (a schedule or advanced row) against plain ToMA at the same ratio and start."""
     base = {_base_key(r): r for r in rows if BASE_LABEL.match(r.label) and r.group.startswith("ToMA") and r.skipped is None}
     lines = ["| lever | against | speed-up | PSNR (dB) | change (dB) | beats fewer steps |", "|---|---|---:|---:|---:|:---:|"]
     for r in rows:
@@ -165,7 +164,7 @@ def margin(row: Any) -> float | None:
 
 
 def across_families(families: list[str], rows: list[Any]) -> list[str]:
-    """ToMA rows measured on every family, by their worst margin over fewer steps (issue 11 point 5)."""
+    """ToMA rows measured on every family, by their worst margin over fewer steps."""
     by = {(r.family, r.label): r for r in rows if r.skipped is None and r.group.startswith("ToMA")}
     labels = [lab for lab in dict.fromkeys(lab for _, lab in by) if all((f, lab) in by for f in families)]
     if len(families) < 2 or not labels:

@@ -1,6 +1,6 @@
-"""Train a tiny fixture model of a ComfyUI class on crops of scikit-image's bundled photographs (issue 11).
+"""Train a tiny fixture model of a ComfyUI class on crops of scikit-image's bundled photographs.
 
-    COMFYUI_PATH=/work/shared/ComfyUI OMP_NUM_THREADS=1 python -m bench.quality.train_fixtures --family flux --minutes 20
+    COMFYUI_PATH=/path/to/ComfyUI OMP_NUM_THREADS=1 python -m bench.quality.train_fixtures --family flux --minutes 20
 
 Writes fixtures/<family>.safetensors (fp16 weights + the fp32 fixed conditioning),
 fixtures/<family>.json (config, codec, provenance) and fixtures/<family>_samples.png (20-step samples

@@ -1,5 +1,5 @@
 """How many frames a ToMA tile should span: merge fidelity on video tokens of camera pans over
-photographs (issue 12, the advanced node's tile_frames default).
+photographs (what the advanced node's tile_frames default rests on).
 
     OMP_NUM_THREADS=1 python -m bench.tokens.video_fidelity            (about a minute on one core)
 

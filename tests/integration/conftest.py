@@ -3,7 +3,7 @@
 Every fixture here depends on ``comfy``, which skips the test (with the reason) when no importable
 ComfyUI is found; see ``bench/harness/comfy_env.py`` for the search order. Run with::
 
-    COMFYUI_PATH=~/comfy/ComfyUI ~/comfy/venv/bin/python -m pytest tests/integration -rs
+    COMFYUI_PATH=/path/to/ComfyUI python -m pytest tests/integration -rs
 
 Model fixtures are session-scoped and shared: patch them only through ``clone()`` and the
 ModelPatcher APIs, never by writing to their weights (build a fresh model with ``tiny_models``
@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 def _limit_threads() -> None:
     """Run torch on one thread unless TOMA_TEST_THREADS says otherwise.
 
-    The tiny models' ops take microseconds; on a 2-core machine shared with other processes,
-    intra-op thread synchronisation made each op ~20x slower (seconds per sample instead of ~0.1 s).
+    The tiny models' ops take microseconds, less than torch's intra-op thread synchronisation:
+    on a small machine shared with other processes, more threads make each sample many times slower.
     """
     import torch
 

@@ -1,4 +1,4 @@
-"""Checks every DiT family of issue 14 must pass on its tiny ComfyUI model (the family test files
+"""Checks every DiT family beyond Flux, SDXL and Wan must pass on its tiny ComfyUI model (the family test files
 call them with their model, latent and conditioning):
 
 - ratio 0 (every block) is bit-identical to the unpatched model;

@@ -1,4 +1,4 @@
-"""A real ComfyUI server with this pack in its custom_nodes/, for the live tests (issues 9 and 13).
+"""A real ComfyUI server with this pack in its custom_nodes/, for the live tests.
 
 ``main.py --cpu --listen 127.0.0.1 --port <free> --base-directory <tmp>`` runs from the ComfyUI
 tree with this interpreter; ``--base-directory`` puts custom_nodes/, models/, output/, temp/,

@@ -1,9 +1,9 @@
-"""ToMA with step caches and with other packs' forward loops (issue 7 points 1-3 and 6).
+"""ToMA with step caches and with other packs' forward loops.
 
 Real ComfyUI nodes: EasyCache and LazyCache (comfy_extras/nodes_easycache.py) in both node orders,
 on tiny Flux and tiny SDXL. The real third-party packs (TeaCache, MagCache, WaveSpeed FBCache,
-ComfyUI-GGUF, KJNodes' compile nodes, PuLID-Flux-ll's patch path) run in test_compat_real_packs.py
-(issue 13), which replaced the stand-ins of their calling conventions that were here. A stand-in
+ComfyUI-GGUF, KJNodes' compile nodes, PuLID-Flux-ll's patch path) run in test_compat_real_packs.py,
+which replaced the stand-ins of their calling conventions that were here. A stand-in
 remains only for a pack whose code cannot run here (no pack code is copied):
 
 - ``ForeignLoop("ignores_replacements")``: balazik PuLID-Flux, or any loop that never consults
@@ -207,7 +207,7 @@ def test_loop_that_bypasses_object_patches_is_reported_sdxl(tiny_sdxl: Any, tiny
 
 
 def test_run_that_raises_is_not_reported_as_a_bypass(tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
-    """Issue 10: another node crashing before any block ran (MagCache on a short run) is reported
+    """Another node crashing before any block ran (MagCache on a short run) is reported
     as a failed run, not as "another node replaced the model's forward loop"."""
 
     class Crash(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""ToMA under ComfyUI's TorchCompileModel (issue 7 point 5), with a counting Dynamo backend.
+"""ToMA under ComfyUI's TorchCompileModel, with a counting Dynamo backend.
 
 TorchCompileModel compiles the whole ``diffusion_model`` (ToMA's block hooks included) and swaps
 it in from an APPLY_MODEL wrapper. The backend here counts the graphs Dynamo hands it (one per
@@ -95,7 +95,7 @@ WINDOW_STEPS = 4
 
 
 def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, latent: tuple[int, ...], plain: int, **settings: Any) -> None:
-    """Issue 7 point 5, for one model: with a sigma window (merged and unmerged steps in one run)
+    """For one model: with a sigma window (merged and unmerged steps in one run)
     exactly the merged/unmerged pair of the unpatched graph count is compiled, with no graph
     break; a second run compiles nothing new. A recompile per step (a block reading the step,
     epoch or the run's plan cache) would add a graph in the first run (several merged epochs), one

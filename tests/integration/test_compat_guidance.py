@@ -1,5 +1,5 @@
 """ToMA with ComfyUI's guidance and model-patch nodes, LoRA weight patches and Redux-style text
-tokens (issue 7 point 6), on tiny random-weight Flux and SDXL on CPU.
+tokens, on tiny random-weight Flux and SDXL on CPU.
 
 Nodes are called as they exist in ComfyUI 0.3.64: V3 nodes through ``execute``, V1 nodes through
 their ``FUNCTION``. Each test checks both that the combination runs and that both patches still

@@ -1,4 +1,4 @@
-"""ToMA with the real code of the packs users combine it with (issue 13.3), on CPU.
+"""ToMA with the real code of the packs users combine it with, on CPU.
 
 The packs' sources come from ``../shared/third_party/`` (``third_party.py``: imported in place,
 never copied). Each test runs the pack's own node function on a tiny Flux (or the full-width

@@ -1,6 +1,6 @@
-"""Smoke test of bench/speed/bench_families.py (issue 14): every family-shaped model builds from
+"""Smoke test of bench/speed/bench_families.py: every family-shaped model builds from
 ComfyUI's classes, runs unpatched, with ToMA and as the ideal, and prints its row. Tiny grid, one
-timed round: the numbers are meaningless here, the bench's real run is in the README."""
+timed round: the numbers are meaningless here, the bench's real run is in docs/."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """ToMA on HiDream-I1 in real ComfyUI: a tiny random-weight `HiDreamImageTransformer2DModel` sampled
-through `comfy.sample.sample` (issue 14). Traps (research/dit_family.md §6.5): no replace key
+through `comfy.sample.sample`. Traps (comfy/ldm/hidream/model.py): no replace key
 (object patches of `double_stream_blocks.{i}` / `single_stream_blocks.{i}` called with keywords),
 the image first in every sequence and in rope, single blocks return [image; text], a different
 Llama layer per block, a MoE feed-forward, the E1 edit condition beside the image."""

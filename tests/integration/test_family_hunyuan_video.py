@@ -1,5 +1,5 @@
 """ToMA on HunyuanVideo in real ComfyUI: a tiny random-weight `HunyuanVideo` sampled through
-`comfy.sample.sample` (issue 14). Traps (research/dit_family.md §4, §11.1, §11.8): the image comes
+`comfy.sample.sample`. Traps (comfy/ldm/hunyuan_video/model.py): the image comes
 first in every sequence and rope table, the key is `attention_mask` (a (1, 1, L) key mask, only at
 batch 1 in ComfyUI 0.3.64), both block kinds write into their inputs in place, reference-latent
 tokens are prepended, and the "v2 (replace)" image-to-video guidance modulates frame 0 apart."""
@@ -46,7 +46,7 @@ def test_every_block_runs_on_merged_tokens(hunyuan: Any, tiny: Any, toma: Any, c
 
 
 def test_frame_zero_merges_alone_and_later_frames_in_pairs(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan's segments: frame 0 alone, frames 1-2 in 2 x 4 x 4 tiles (issue 12's video plans).
+    """The plan's segments: frame 0 alone, frames 1-2 in 2 x 4 x 4 tiles (toma_core.video.make_video_plan).
     Merging one-hot frame indicators shows it: a merged token of frame 0 holds frame 0 only, and
     some merged token of the later segment mixes frames 1 and 2."""
     joint = fc.pack_module("nodes.machinery.dit_runner")

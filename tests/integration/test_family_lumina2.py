@@ -1,5 +1,5 @@
 """ToMA on Lumina-Image 2.0 (NextDiT) in real ComfyUI: a tiny random-weight model sampled through
-`comfy.sample.sample` (issue 14). Traps (research/dit_family.md §6.4, §11.5): no replace key
+`comfy.sample.sample`. Traps (comfy/ldm/lumina/model.py): no replace key
 (object patches of `layers.{i}.forward`), caption tokens first with a length that differs between
 cond and uncond (separate calls), an optional (B, L) key mask, refiner layers left exact."""
 

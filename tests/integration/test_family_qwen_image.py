@@ -1,6 +1,6 @@
 """ToMA on Qwen-Image and Qwen-Image-Edit in real ComfyUI: a tiny random-weight
-`QwenImageTransformer2DModel` sampled through `comfy.sample.sample` (issue 14). Traps
-(research/dit_family.md §5, §11.5, §11.9): the 5-D latent, pe with batch B and text rows first,
+`QwenImageTransformer2DModel` sampled through `comfy.sample.sample`. Traps
+(comfy/ldm/qwen_image/model.py): the 5-D latent, pe with batch B and text rows first,
 Edit reference tokens after the image (unmerged), cond and uncond as separate calls of different
 lengths when only the positive has a reference."""
 

@@ -1,4 +1,4 @@
-"""Families ToMA refuses (issue 14): the node raises a ValueError that names the model and says
+"""Families ToMA refuses: the node raises a ValueError that names the model and says
 why, on tiny real ComfyUI models, and leaves the model untouched."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """ToMA on SD3 / SD3.5 (MMDiT) in real ComfyUI: a tiny random-weight `OpenAISignatureMMDITWrapper`
-sampled through `comfy.sample.sample` (issue 14). Traps (research/dit_family.md §6.1, §11.7): no
+sampled through `comfy.sample.sample`. Traps (comfy/ldm/modules/diffusionmodules/mmdit.py): no
 rope, the last block returns no text, an image-only self-attention in SD3.5-Medium blocks, the
 grid from the APPLY_MODEL wrapper (MMDiT has no DIFFUSION_MODEL executor)."""
 

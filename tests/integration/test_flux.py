@@ -1,5 +1,5 @@
 """ToMA on Flux-family models in real ComfyUI: tiny random-weight Flux sampled through
-`comfy.sample.sample` (issue 3 points 2-5). Skipped with a reason when ComfyUI is not importable.
+`comfy.sample.sample`. Skipped with a reason when ComfyUI is not importable.
 
 Token counts are measured, not assumed: an `optimized_attention_override` on the model records the
 sequence length of every attention call.
@@ -54,7 +54,7 @@ def test_attention_runs_on_fewer_tokens(tiny_flux: Any, tiny: Any, toma: Any) ->
 
 
 def test_scope_attention_merges_double_block_attention(tiny_flux: Any, tiny: Any, toma: Any) -> None:
-    """Scope attention (issue 11): every attention, double (attention only) and single (whole
+    """Scope attention: every attention, double (attention only) and single (whole
     block), runs on T + D tokens; another override on the model still sees every call; the
     image differs from both the unpatched and the block-scope run."""
     plain = tiny.sample(tiny_flux, FLUX_LATENT, steps=2)
@@ -200,7 +200,7 @@ def merge_every_node(toma: Any, model: Any, merge_every: int, recompute_every: i
 
 
 def test_merge_every_merges_every_other_step(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """merge_every=2 over 4 Euler steps (issue 11 point 3): steps 0 and 2 run every block on merged
+    """merge_every=2 over 4 Euler steps: steps 0 and 2 run every block on merged
     tokens, steps 1 and 3 on all of them; merge_every=1 is the default schedule, bit for bit."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     model, lengths = record_attention(merge_every_node(toma, tiny_flux, 2))
@@ -450,7 +450,7 @@ def tiny_flux_controlnet(tiny: Any) -> Any:
 
 
 def test_flux_controlnet_residuals_reach_merged_blocks(tiny_flux: Any, tiny: Any, toma: Any) -> None:
-    """ControlNet residuals are added to all N image tokens after each block (issue 7 point 6)."""
+    """ControlNet residuals are added to all N image tokens after each block."""
     control = tiny_flux_controlnet(tiny)
     hint = torch.rand((1, 3, FLUX_LATENT[2] * 8, FLUX_LATENT[3] * 8), generator=torch.Generator().manual_seed(1))
 

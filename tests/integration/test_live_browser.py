@@ -1,5 +1,4 @@
 """The real ComfyUI frontend in a browser: each shipped template loaded from the template browser
-(issue 13.2).
 
 Headless Debian ``chromium`` + ``chromium-driver`` driven by ``selenium`` open the frontend of the
 live server (``live_server`` in conftest.py), open "Browse Templates", pick the pack's category

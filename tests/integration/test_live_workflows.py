@@ -1,4 +1,4 @@
-"""The shipped example workflows queued end to end on a live ComfyUI server (issue 13.1).
+"""The shipped example workflows queued end to end on a live ComfyUI server.
 
 Each ``example_workflows/*.json`` is converted from the frontend's format to an API prompt by
 ``workflow_api.ui_to_api`` (driven by the server's ``/object_info``), then changed only where a

@@ -1,5 +1,5 @@
 """The tests run where users put the pack: a folder named ``ComfyUI-ToMA`` inside a ComfyUI tree's
-``custom_nodes/`` (issue 10).
+``custom_nodes/``.
 
 pytest collects the repository root as a package (it holds the pack's ``__init__.py``); a folder
 name that is not a Python identifier once made every module fail to import, and the integration

@@ -1,4 +1,4 @@
-"""Smoke test of bench/quality/quality.py (issue 11 point 2) on one trained fixture: --quick with one seed
+"""Smoke test of bench/quality/quality.py on one trained fixture: --quick with one seed
 and a short run. The JSON holds the quick rows; the unpatched reference repeats bit for bit (PSNR
 inf against its own re-run) and ToMA at ratio 0 gives the reference image bit for bit; the node
 defaults change the image and have a measured speed-up; the table and figures are written.

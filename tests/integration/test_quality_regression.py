@@ -1,4 +1,4 @@
-"""The defaults' image quality on the trained fixtures does not regress (issue 11 point 7).
+"""The defaults' image quality on the trained fixtures does not regress.
 
 fixtures/quality_baseline.json records, per trained fixture, the PSNR of the ToMA Patch node at its
 defaults against the unpatched model (seeded, CPU), as ``bench/quality/quality_baseline.py --write``

@@ -1,4 +1,4 @@
-"""The trained fixtures of issue 11 (fixtures/*.safetensors, bench/harness/trained.py, bench/quality/train_fixtures.py).
+"""The trained fixtures (fixtures/*.safetensors, bench/harness/trained.py, bench/quality/train_fixtures.py).
 
 Each shipped fixture loads into ComfyUI's own class; the pixel codec is a float-precision round trip;
 the training-only out-of-place Flux blocks compute what ComfyUI's blocks compute (and, unlike them,

@@ -1,5 +1,5 @@
 """ToMA on UNet models in real ComfyUI: tiny random-weight SDXL and SD1.5 topologies sampled through
-`comfy.sample.sample` (issue 4 points 1-5). Skipped with a reason when ComfyUI is not importable.
+`comfy.sample.sample`. Skipped with a reason when ComfyUI is not importable.
 
 Tiny SDXL at a 16x16 latent: no transformers at full resolution, depth 1 at 8x8 (input 4, 5,
 output 3-5), depth 2 at 4x4 (input 7, 8, middle, output 0-2): 17 BasicTransformerBlocks. Tiny
@@ -50,7 +50,7 @@ def tome(model: Any, ratio: float) -> Any:
 
 
 def test_tiny_sdxl_output_depends_on_transformers(tiny_sdxl: Any, tiny: Any) -> None:
-    """Guard against vacuous comparisons (DESIGN §2 traps): non-zero output that changes when a
+    """Guard against vacuous comparisons: non-zero output that changes when a
     transformer block is disabled."""
     baseline = tiny.sample(tiny_sdxl, LATENT, steps=2)
     assert baseline.abs().max() > 0
@@ -155,7 +155,7 @@ def test_deterministic(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
 
 @pytest.mark.parametrize("steps, bound", [(1, 1e-2), (2, 0.1)])
 def test_batch_of_two_equals_two_single_runs(tiny_sdxl: Any, tiny: Any, toma: Any, steps: int, bound: float) -> None:
-    """Per-sample plans, judged against ToMA's own effect (DESIGN §2 traps: near-ties may flip)."""
+    """Per-sample plans, judged against ToMA's own effect (near-ties in the merge may flip)."""
     noise = torch.randn((2, *LATENT[1:]), generator=torch.Generator().manual_seed(0))
     patched = patch(toma, tiny_sdxl)
     batch = sample_with_noise(tiny, patched, noise, steps=steps)
@@ -277,7 +277,7 @@ def test_foreign_attention_patches_see_merged_tokens(tiny_sdxl: Any, tiny: Any, 
 
 
 def test_attention_replace_keeps_block_unmerged(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """SAG / PAG / IP-Adapter-plus style attn replace patches: those blocks run on all tokens (issue 7 pt 4)."""
+    """SAG / PAG / IP-Adapter-plus style attn replace patches: those blocks run on all tokens."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     seen: list[int] = []
 
@@ -467,7 +467,7 @@ def test_bench_sdxl_runs(comfy: Any) -> None:
 @pytest.mark.parametrize(
     "family, depth, expected",
     [
-        # SDXL (DESIGN §2): 10 blocks at 1/2 (64x64 at 1024^2), 60 at 1/4 (32x32); auto takes all 70.
+        # SDXL (comfy.supported_models.SDXL's unet config): 10 blocks at 1/2 (64x64 at 1024^2), 60 at 1/4 (32x32); auto takes all 70.
         ("SDXL", ([0, 0, 2, 2, 10, 10], [0, 0, 0, 2, 2, 2, 10, 10, 10], 10), {2: 10, 4: 60}),
         # SD1.5: one block per transformer at 1, 1/2, 1/4 and the 1/8 middle; auto leaves the middle out.
         ("SD15", ([1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], 1), {1: 5, 2: 5, 4: 5, 8: 1}),

@@ -1,4 +1,4 @@
-"""ToMA on Wan 2.1 / 2.2 video models in real ComfyUI (issue 12): tiny random-weight Wan models of
+"""ToMA on Wan 2.1 / 2.2 video models in real ComfyUI: tiny random-weight Wan models of
 ComfyUI's own classes (tiny_wan.py), sampled through `comfy.sample.sample` on the CPU.
 
 Token counts are measured: an `optimized_attention_override` records every attention call

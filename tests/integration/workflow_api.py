@@ -1,4 +1,4 @@
-"""A saved UI workflow (the frontend's graph json) as the API prompt ``/prompt`` takes (issue 13).
+"""A saved UI workflow (the frontend's graph json) as the API prompt ``/prompt`` takes.
 
 Driven by the server's ``/object_info``: each node's widget values are matched to its widget
 inputs in ``input_order``, an INT with ``control_after_generate`` (a seed) is followed by its
