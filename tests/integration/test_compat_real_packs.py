@@ -356,8 +356,8 @@ def test_pulid_ll_then_toma(masked: bool, pulid_ll: tuple, tiny: Any, toma: Toma
 def test_toma_then_pulid_ll(pulid_ll: tuple, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
     """The other order: PuLID-ll's ``set_model_dit_patch_replace`` finds ToMA's hook on the key
     and calls ``.add`` on it, which only its own replacement classes have (measured: AttributeError
-    in PulidFluxHook.py). Recorded as an expected failure of the pack while it lasts; the README
-    says to place PuLID before ToMA."""
+    in PulidFluxHook.py). Recorded as an expected failure of the pack while it lasts;
+    docs/compatibility.md says to place PuLID before ToMA."""
     import traceback
 
     apply, model = pulid_ll
