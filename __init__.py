@@ -1,4 +1,5 @@
-"""ComfyUI-ToMA: ToMA token merging for Flux and SDXL as ComfyUI nodes.
+"""ComfyUI-ToMA: ToMA token merging (Lu et al., ICML 2025) as ComfyUI nodes, for Flux, Chroma, SDXL,
+SD1.5, SD3, Qwen-Image, Lumina2, HunyuanVideo, HiDream and Wan (nodes/registry.py).
 
 ComfyUI loads this folder as a custom-node package and calls `comfy_entrypoint` (V3 node API).
 No NODE_CLASS_MAPPINGS on purpose: ComfyUI ignores the V3 entrypoint when they exist. Outside
@@ -8,7 +9,7 @@ tests that load the pack folder still work; the math library `toma_core` never n
 pytest collects the repository root as a package (it holds this file) and, when the folder's
 name is not a Python identifier (`ComfyUI-ToMA`, the name every clone gets), imports this file
 as a lone module with no parent package: the relative import below cannot resolve there, and
-nothing needs the entrypoint, so it is skipped (issue 10).
+nothing needs the entrypoint, so it is skipped.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ TIE_TOLERANCE = 1e-4
 
 Near-identical tokens (flat regions after the block's LayerNorm) have gains that differ only by
 float noise, so a 1e-6 change to the input or the weights, or eager against compiled kernels,
-flipped their picks and the whole sampling trajectory with them (issue 11 point 6). A pick at most
+flipped their picks and the whole sampling trajectory with them (docs/defaults.md, "Stability"). A pick at most
 this fraction below the best changes F by no more than that fraction.
 """
 

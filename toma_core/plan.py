@@ -226,7 +226,7 @@ def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.
 BUDGETS = ("tile", "adaptive")
 
 UNMERGES = ("delta", "hard", "output")
-"""How a block's merged result returns to N tokens (issue 11 point 4). delta: x + U(f(Mx) - Mx),
+"""How a block's merged result returns to N tokens (compared in docs/defaults.md). delta: x + U(f(Mx) - Mx),
 each token adds the soft mix of its destinations' changes (default). hard: the same with each
 token taking its most similar destination's change alone. output: U f(Mx), each token replaced by
 its destinations' outputs (the block's own detail between tokens of a cluster is lost)."""
@@ -256,7 +256,7 @@ def make_plan(
     """Choose destinations per sample and tile, and build the merge/unmerge matrices.
 
     features: (B, N, C) with N = frames * height * width in t-major raster order (the block's
-    input tokens); tiles span tile_frames frames (issue 12: video tokens).
+    input tokens); tiles span tile_frames frames (video tokens; see toma_core/video.py).
     ratio in [0, 1): share of tokens merged away; D = sum over tiles of round(n_real * (1 - ratio)),
     at least 1 per tile. tile_size >= 1 tokens per side (clamped to the grid). similarity:
     "cosine" (paper), "centered_cosine" or "neg_sq_dist". temperature >= 0:

@@ -1,8 +1,9 @@
 """When to merge and when to re-select destinations, from sigmas rather than call counts.
 
-The reference implementation counted block calls and desynchronised under CFG, Heun and img2img
-(research/toma_algorithm.md §7.4). Here the step is derived from the current sigma and the run's
-sigma schedule, so any number of model evaluations per step gives the same answers.
+Counting block calls desynchronises as soon as a step makes more than one model evaluation (CFG
+batches run as separate calls, Heun's corrector, DPM2's midpoint) or a run starts mid-schedule
+(img2img). Here the step is derived from the current sigma and the run's sigma schedule, so any
+number of model evaluations per step gives the same answers.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class MergeSchedule:
     ComfyUI's other patches).
     merge_every: of the sampling steps inside the window, the first merges, then every
     merge_every-th after it; the steps between run unmerged (1 = every step). The paper's Flux
-    configuration merges steps 0, 3, 6, ... (merge_every=3; issue 11 point 3).
+    configuration merges steps 0, 3, 6, ... (merge_every=3).
     recompute_every: counted in sampling steps, like merge_every, not in merged steps. A plan is
     reused only by merged steps fewer than recompute_every steps after the step that selected
     it: the tokens keep changing on the unmerged steps between, so a plan's staleness grows with

@@ -1,5 +1,5 @@
 """Geometry of the tile grid: how a t x h x w token grid is cut into tiles and how many tokens
-each tile keeps (ToMA §3.2, "locality"; the frame axis t is issue 12's spatio-temporal tiles).
+each tile keeps (ToMA §3.2, "locality"; the frame axis t makes them spatio-temporal tiles for video).
 
 Tokens are t-major (frame, then row, then column), as a video DiT patchifies a (B, C, T, H, W)
 latent; an image is the t = 1 case.
@@ -10,7 +10,7 @@ destinations proportional to its real tokens, so edge tiles and 1 x N grids merg
 
 Everything here is plain Python arithmetic on ints, and the index tensors are made from Python
 lists: no tensor -> Python conversion and no lock, so plan building traces under torch.compile
-without graph breaks (issue 7 point 5).
+without graph breaks (tests/integration/test_compat_compile.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Merge plans for video tokens: spatio-temporal tiles over frame segments (issue 12).
+"""Merge plans for video tokens: spatio-temporal tiles over frame segments.
 
 A video DiT's image tokens are t-major (frame, row, column). Frames that must not merge with each
 other (the first latent frame, which Wan's causal VAE encodes from one picture alone and which I2V
@@ -37,8 +37,8 @@ def frame_runs(frame_values: list[list[float]], separate_first: bool = True) -> 
     """Cut F frames into runs of equal per-frame values, as (start, length) pairs.
 
     frame_values: one list of F values per sample (e.g. each frame's timestep). A run ends where
-    any sample's value changes, and after frame 0 when separate_first (issue 12: frame 0 is never
-    merged with the frames after it).
+    any sample's value changes, and after frame 0 when separate_first (frame 0 is never merged
+    with the frames after it).
     """
     count = len(frame_values[0]) if frame_values else 0
     if count == 0:

@@ -1,0 +1,78 @@
+"""README.md is the user's page and docs/ holds the rest: the README stays short, holds no generated
+section, and every relative link of README.md and docs/*.md reaches a file (and a heading) that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+README_MAX_LINES = 260
+"""The user's page: what it does, what you get, install, quick start, nodes, models, troubleshooting."""
+
+GENERATED = {"## Results": "benchmarks.md", "## Quality": "quality.md"}
+"""Headings of the sections the publish script rewrites, and the document that holds each."""
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+
+
+def links(path: Path) -> list[str]:
+    return LINK.findall(FENCE.sub("", path.read_text(encoding="utf-8")))
+
+
+def test_readme_is_short_and_generated_sections_live_in_docs():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    for heading, document in GENERATED.items():
+        assert not re.search(rf"^{re.escape(heading)}\s*$", text, flags=re.M), f"{heading} belongs in docs/{document}"
+        holders = [doc.name for doc in DOCS if re.search(rf"^{re.escape(heading)}\s*$", doc.read_text(encoding="utf-8"), flags=re.M)]
+        assert holders == [document], f"the publish script writes {heading} into the one docs file holding it: {holders}"
+
+
+def test_readme_has_a_what_you_get_section():
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index("<!-- what-you-get: start -->"), text.index("<!-- what-you-get: end -->")
+    assert "## What you get" in text[start:end]
+
+
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(page: Path):
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        file_part, _, anchor = target.partition("#")
+        destination = (page.parent / file_part).resolve() if file_part else page
+        if not destination.exists():
+            broken.append(target)
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            broken.append(target)
+    assert not broken, f"{page.name}: links to nothing: {broken}"
+
+
+def test_every_document_is_reachable_from_the_readme():
+    reached, todo = set(), [README.resolve()]
+    while todo:
+        page = todo.pop()
+        for target in links(page):
+            destination = (page.parent / target.partition("#")[0]).resolve()
+            if destination.suffix == ".md" and destination.is_file() and destination not in reached:
+                reached.add(destination)
+                todo.append(destination)
+    assert not [doc.name for doc in DOCS if doc.resolve() not in reached]
