@@ -6,11 +6,14 @@ description of one patch (`ToMAConfig`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from .settings import ToMASettings
+
+if TYPE_CHECKING:
+    from .cost_profile import CostProfile
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,19 @@ class FamilyAdapter(Protocol):
 
 @dataclass(frozen=True)
 class ToMAConfig:
-    """Immutable description of one ToMA patch."""
+    """Immutable description of one ToMA patch. cost: the cost model's view of the patched model
+    (min_tokens "auto" and the predicted gains; cost_profile.py); None when there is none."""
 
     settings: ToMASettings
     adapter: FamilyAdapter
+    cost: CostProfile | None = None
+
+    @property
+    def off_reason(self) -> str:
+        """Why every call runs unmerged when the settings merge no token (ratio 0, or a ratio the
+        tile rounds to keeping every token)."""
+        s = self.settings
+        return "ratio 0 (nothing to merge)" if s.ratio == 0 else f"ratio {s.ratio:g} at tile_size {s.tile_size} keeps every token"
 
 
 @dataclass(frozen=True)

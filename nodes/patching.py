@@ -1,7 +1,8 @@
 """`patch_model`: the single entry point the nodes call.
 
 Clones the model, finds its family in the registry (registry.py), lets the family's
-adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`) and installs
+adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`), reads the cost
+model's view of it (cost_profile.py), says once what it changes in the settings, and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
 on it; the input model is never modified.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from .contract import ToMAConfig
+from .cost_profile import build_profile
 from .registry import apply_family, detect_family
 from .runtime import RunState
 from .settings import TOMA_KEY, ToMASettings
@@ -28,7 +30,10 @@ def patch_model(model, settings: ToMASettings):
     family = detect_family(model)
     patched = model.clone()
     adapter = apply_family(family, patched, settings)
-    install_runtime(patched, ToMAConfig(settings, adapter))
+    cost = build_profile(family.name, patched.get_model_object("diffusion_model"), adapter.num_blocks, settings)
+    install_runtime(patched, ToMAConfig(settings, adapter, cost))
+    for note in settings.notes():
+        log.warning("ToMA: %s", note)
     log.debug("ToMA patch installed: %s, %s", family.name, settings.describe())
     return patched
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
+from .call_timing import CallKey, CallTimer
 from .contract import CallGeometry, ToMAConfig
 from .report import RunStats, format_report
 from .settings import CALL_KEY, ToMASettings
@@ -54,6 +55,7 @@ class RunState:
         self.plans: dict[tuple, MergePlan] = {}
         self._sigma_source: Any = None
         self._sigma_list: list[float] = []
+        self.timer = CallTimer()
 
     def __deepcopy__(self, memo: dict) -> RunState:
         return RunState(self.config)
@@ -67,8 +69,19 @@ class RunState:
 
     def begin_run(self, percent_to_sigma: Callable[[float], float], sigmas: torch.Tensor | None) -> None:
         """Convert the percent window to sigmas once per run (split runs each get their own)."""
-        self.window = self.config.settings.schedule.window(percent_to_sigma)
+        schedule = self.config.settings.schedule
+        self.window = schedule.window(percent_to_sigma)
         self.stats.total_steps = max(0, len(sigmas) - 1) if sigmas is not None else 0
+        if sigmas is not None:
+            sigma_list = [float(s) for s in sigmas]
+            decisions = (schedule.decide(s, sigma_list, self.window) for s in sigma_list[:-1])
+            self.stats.planned_steps = sum(d.merge for d in decisions)
+
+    def predicted_speedup(self, key: CallKey) -> float:
+        """The cost model's speed-up of a merged call of `key` (batch, image tokens, other tokens);
+        1.0 without a cost profile."""
+        cost = self.config.cost
+        return cost.speedup(key[1], key[2], self.timer.device, key[0]) if cost is not None else 1.0
 
     def decide(self, transformer_options: dict, fallback_sigma: torch.Tensor) -> StepDecision | None:
         """The schedule's decision for this call, from the current sigma and this run's schedule."""

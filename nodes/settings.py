@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
+from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule, kept_per_tile
 
 TOMA_KEY = "comfyui_toma"
 """Pack-unique key: wrappers, the per-run state in transformer_options, log prefixes."""
@@ -27,10 +27,16 @@ the first step). Chosen on the trained fixtures by the quality study (bench/qual
 its figures are in docs/defaults.md."""
 
 RATIO_RANGE = (0.0, 0.95)
+RATIO_TOLERANCE = 0.02
+"""A tile's rounding that moves the merged share by more than this is said in the log (settings.notes)."""
 TILE_SIZE_RANGE = (2, 32)
 """Tile 1 would keep every token (one token per tile): a silent no-op, so it is refused."""
 TEMPERATURE_RANGE = (0.0, 1.0)
 MIN_TOKENS_RANGE = (0, 1 << 20)
+AUTO = "auto"
+NODE_MIN_TOKENS = AUTO
+"""The nodes' default min_tokens: a call merges only where the cost model predicts a gain
+(cost_profile.AUTO_MIN_SPEEDUP). ToMASettings keeps 0 (always merge), as the library's default."""
 TILE_FRAMES_RANGE = (1, 16)
 
 NODE_TILE_FRAMES = 2
@@ -48,7 +54,8 @@ class ToMASettings:
     tile_size: tile side in tokens; destinations are picked per t x t tile.
     schedule: sigma window, merge-step interval and re-selection interval (toma_core.MergeSchedule).
     blocks: which blocks merge; "auto", "all" or a family-specific list (parsed per family).
-    min_tokens: a forward with fewer image tokens than this runs unmerged (0 = always merge).
+    min_tokens: a forward with fewer image tokens than this runs unmerged (0 = always merge);
+    "auto": a forward merges only where the cost model predicts a gain (cost_profile.py).
     similarity: one of toma_core.SIMILARITIES. temperature: softmax temperature of the
     token -> destination assignment (0 = hard). budget: one of toma_core.BUDGETS ("tile": every
     tile keeps the same share, as in the paper; "adaptive": the same total per sample, shared out
@@ -62,7 +69,7 @@ class ToMASettings:
     tile_size: int = 4
     schedule: MergeSchedule = field(default_factory=MergeSchedule)
     blocks: str = "auto"
-    min_tokens: int = 0
+    min_tokens: int | str = 0
     similarity: str = "cosine"
     temperature: float = 1e-3
     budget: str = "tile"
@@ -75,7 +82,7 @@ class ToMASettings:
     def __post_init__(self) -> None:
         _check_range("ratio", self.ratio, *RATIO_RANGE, "share of image tokens merged away")
         _check_int("tile_size", self.tile_size, *TILE_SIZE_RANGE, "tokens per tile side")
-        _check_int("min_tokens", self.min_tokens, *MIN_TOKENS_RANGE, "image tokens; 0 = always merge")
+        object.__setattr__(self, "min_tokens", parse_min_tokens(self.min_tokens))
         _check_range("temperature", self.temperature, *TEMPERATURE_RANGE, "0 = hard assignment")
         _check_int("tile_frames", self.tile_frames, *TILE_FRAMES_RANGE, "latent frames per video tile")
         if not isinstance(self.schedule, MergeSchedule):
@@ -99,6 +106,36 @@ class ToMASettings:
         """False when no token can ever be merged (ratio 0 or an empty sigma window)."""
         return self.ratio > 0 and self.schedule.end_percent > self.schedule.start_percent
 
+    @property
+    def token_floor(self) -> int:
+        """min_tokens as a number of image tokens (0 for "auto", which the cost model decides per call)."""
+        return 0 if self.min_tokens == AUTO else self.min_tokens
+
+    @property
+    def effective_ratio(self) -> float:
+        """The share of a full tile's tokens merged away: each tile keeps
+        round(n * (1 - ratio)) >= 1 of its n = tile_size^2 (x tile_frames) tokens (toma_core.kept_per_tile)."""
+        tile = self.tile_size ** 2
+        return 1.0 - kept_per_tile(tile, self.ratio) / tile
+
+    def notes(self) -> list[str]:
+        """Values the pack changes or cannot honour, each with how to fix it (logged once per patch)."""
+        notes = []
+        effective, s = self.effective_ratio, self.schedule
+        if self.ratio > 0 and abs(effective - self.ratio) > RATIO_TOLERANCE:
+            tile = self.tile_size ** 2
+            notes.append(
+                f"ratio {self.ratio:g} at tile_size {self.tile_size} merges {effective:.2f} of the tokens "
+                f"(each {self.tile_size}x{self.tile_size} tile keeps {kept_per_tile(tile, self.ratio)} of its "
+                f"{tile}); {_tile_hint(self.ratio)}"
+            )
+        if s.start_percent > s.end_percent:
+            notes.append(
+                f"start_percent {s.start_percent:g} is above end_percent {s.end_percent:g}: the merge window "
+                "is empty and ToMA merges nothing; set start_percent below end_percent"
+            )
+        return notes
+
     def describe(self) -> str:
         """Short text of the settings for the per-run log line."""
         s = self.schedule
@@ -109,6 +146,31 @@ class ToMASettings:
             f"window {s.start_percent:g}-{s.end_percent:g}, merge every {s.merge_every}, "
             f"recompute every {s.recompute_every}"
         )
+
+
+def parse_min_tokens(value: object) -> int | str:
+    """"auto" (any case, as a widget's text) or a whole number of image tokens in MIN_TOKENS_RANGE
+    (an int, or its text: a saved workflow's number); ValueError naming the value otherwise."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        value = int(text) if text.isdigit() else text
+    low, high = MIN_TOKENS_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"min_tokens={value!r} must be 'auto' or an integer in [{low}, {high}] (image tokens; 0 = always merge)"
+        )
+    return value
+
+
+def _tile_hint(ratio: float) -> str:
+    """The smallest tile_size whose tiles reach `ratio` within RATIO_TOLERANCE, as advice."""
+    for size in range(TILE_SIZE_RANGE[0], TILE_SIZE_RANGE[1] + 1):
+        tile = size * size
+        if abs(1.0 - kept_per_tile(tile, ratio) / tile - ratio) <= RATIO_TOLERANCE:
+            return f"tile_size {size} reaches it"
+    return "no tile size reaches it exactly"
 
 
 def _check_range(name: str, value: float, low: float, high: float, meaning: str) -> None:

@@ -14,7 +14,7 @@ from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
 from .patching import patch_model
 from .registry import blocks_examples, node_models, video_models
 from .settings import (
-    NODE_START_PERCENT, NODE_TILE_FRAMES, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
+    NODE_MIN_TOKENS, NODE_START_PERCENT, NODE_TILE_FRAMES, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
 )
 
 CATEGORY = "model_patches/ToMA"
@@ -91,10 +91,12 @@ def advanced_inputs() -> list:
             "blocks", default="auto",
             tooltip=f"Blocks that merge: 'auto' (recommended per model), 'all', or a list such as {blocks_examples()}.",
         ),
-        io.Int.Input(
-            "min_tokens", default=0, min=0, max=1 << 20,
-            tooltip="A model call with fewer image tokens than this runs unmerged, where merging "
-            "would not pay; 0 = always merge.",
+        io.String.Input(
+            "min_tokens", default=NODE_MIN_TOKENS, dynamic_prompts=False,
+            tooltip="auto (default): a model call merges only where ToMA's cost model predicts it is "
+            "faster for this model's width and this image size; small images and small models run "
+            "unmerged (the log line says why). A number: calls with fewer image tokens than this run "
+            "unmerged; 0 = always merge.",
         ),
         io.Combo.Input(
             "similarity", options=list(SIMILARITIES), default=SIMILARITIES[0],
@@ -167,7 +169,7 @@ class ToMAPatch(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every, merge_every) -> io.NodeOutput:
-        settings = build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every)
+        settings = build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, min_tokens=NODE_MIN_TOKENS)
         return io.NodeOutput(patch_model(model, settings))
 
 
@@ -186,7 +188,7 @@ class ToMAPatchAdvanced(io.ComfyNode):
     ) -> io.NodeOutput:
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, blocks=blocks,
-            min_tokens=int(min_tokens), similarity=similarity, temperature=float(temperature),
+            min_tokens=min_tokens, similarity=similarity, temperature=float(temperature),
             budget=budget, proportional_attention=bool(proportional_attention), scope=scope,
             verbose=bool(verbose), unmerge=unmerge, tile_frames=int(tile_frames),
         )

@@ -18,12 +18,13 @@ import torch
 
 from ..toma_core import StepDecision
 from .call_args import transformer_options_of
+from .call_timing import measure_gain, warn_if_slower
 from .contract import CallGeometry
-from .report import bypassed, format_report
+from .report import bypassed, format_report, schedule_warning
 from .runtime import (
     TORCH_COMPILE_KWARGS, CallContext, RunState, compiling, enter_call, leave_call, orphan_count,
 )
-from .settings import CALL_KEY, TOMA_KEY, ToMASettings
+from .settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,11 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     finally:
         guider.model_options = original
         orphans = orphan_count() - orphans_before
-        log.info(format_report(state.config, state.stats, orphans))
+        gain = None if state.stats.failed else measure_gain(state.timer.calls(), state.predicted_speedup)
+        log.info(format_report(state.config, state.stats, orphans, gain))
         _warn_bypass(state, orphans)
+        _warn_schedule(state)
+        warn_if_slower(gain, state.config.settings.min_tokens)
         state.plans.clear()
 
 
@@ -79,13 +83,17 @@ def apply_model_wrapper(executor, *args, **kwargs):
     put_back(options)
     hooked = _hooked_blocks(state)
     enter_call(ctx)
+    start = state.timer.start(x)
     try:
         out = executor(*args, **kwargs)
     finally:
         leave_call()
         state.keep_plans(ctx)
     if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
-        _count_idle_call(state, ctx)
+        _count_idle_call(state, ctx)  # a step cache's skip: its time is no model call's, so it is not timed
+    else:
+        g = ctx.geometry
+        state.timer.stop(start, (ctx.batch, g.tokens, (g.text_len or 0) + g.extra_tokens), ctx.merge)
     return out
 
 
@@ -114,7 +122,7 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     settings = state.config.settings
     geometry = state.config.adapter.call_geometry(x, context, kwargs)
     decision = state.decide(options, t)
-    reason = _call_veto(state, settings, decision, geometry)
+    reason = _call_veto(state, settings, decision, geometry, x)
     composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()))
     batch, epoch = int(x.shape[0]), decision.epoch if decision else None
     ctx = CallContext(
@@ -127,15 +135,20 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     return ctx
 
 
-def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry) -> str | None:
+def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry, x: torch.Tensor) -> str | None:
     if decision is None:
         return "outside a sampling run"
+    if settings.effective_ratio == 0:
+        return state.config.off_reason
     if decision.skipped:
         return f"between merge steps (merge_every={settings.schedule.merge_every})"
     if not decision.merge:
         return "outside the sigma window"
     if geometry.reason is not None:
         return geometry.reason
+    if settings.min_tokens == AUTO:
+        cost = state.config.cost
+        return cost.auto_veto(geometry, x.device.type, int(x.shape[0])) if cost is not None else None
     if geometry.tokens < settings.min_tokens:
         return f"fewer than min_tokens={settings.min_tokens} image tokens"
     return None
@@ -158,6 +171,12 @@ def _count_call(state: RunState, ctx: CallContext) -> None:
             ctx.step, ctx.epoch, "merged" if ctx.merge else f"unmerged ({ctx.reason})",
             g.height, g.width, g.text_len, g.extra_tokens, ctx.batch, ctx.composition[0],
         )
+
+
+def _warn_schedule(state: RunState) -> None:
+    text = schedule_warning(state.config.settings, state.stats)
+    if text:
+        log.warning("ToMA: %s", text)
 
 
 def _warn_bypass(state: RunState, orphans: int) -> None:

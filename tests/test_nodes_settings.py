@@ -103,3 +103,30 @@ def test_flux_blocks_errors(spec, words):
         flux_blocks.parse_flux_blocks(spec, 19, 38)
     for word in words:
         assert word in str(error.value)
+
+
+@pytest.mark.parametrize("value, parsed", [("auto", "auto"), (" AUTO ", "auto"), ("0", 0), (0, 0), ("4096", 4096), (4096, 4096)])
+def test_min_tokens_takes_auto_or_a_number_as_int_or_text(value, parsed):
+    assert ToMASettings(min_tokens=value).min_tokens == parsed
+    assert ToMASettings(min_tokens=value).token_floor == (0 if parsed == "auto" else parsed)
+
+
+@pytest.mark.parametrize("value", ["-1", "many", 1.5, True, 1 << 21, "1e3"])
+def test_bad_min_tokens_names_the_value_and_what_it_takes(value):
+    with pytest.raises(ValueError) as error:
+        ToMASettings(min_tokens=value)
+    assert "min_tokens=" in str(error.value) and "'auto'" in str(error.value)
+
+
+def test_a_ratio_a_small_tile_cannot_reach_is_said_with_what_it_merges():
+    (note,) = ToMASettings(ratio=0.95, tile_size=2).notes()
+    assert "ratio 0.95 at tile_size 2 merges 0.75 of the tokens" in note and "tile_size" in note.split(";")[1]
+    assert ToMASettings(ratio=0.95, tile_size=2).effective_ratio == pytest.approx(0.75)
+    assert not ToMASettings(ratio=0.5, tile_size=4).notes()
+    assert not ToMASettings(ratio=0.0).notes()
+
+
+def test_start_above_end_is_said():
+    (note,) = ToMASettings(schedule=core.MergeSchedule(0.8, 0.5)).notes()
+    assert "start_percent 0.8 is above end_percent 0.5" in note and "merges nothing" in note
+    assert not ToMASettings(schedule=core.MergeSchedule(0.8, 0.5)).merges

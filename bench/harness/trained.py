@@ -311,6 +311,20 @@ def load_model(family: str) -> Any:
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
 
 
+def patch_at_node_defaults(model: Any) -> Any:
+    """ToMA on a fixture with the ToMA Patch node's default inputs, but min_tokens 0.
+
+    The node's min_tokens "auto" leaves these tiny fixtures unmerged: their width is far below a
+    real model's, where auto merges at the sizes users run (tests/integration/test_cost_profile.py).
+    A fixture stands in for a real model's image, so it is measured merging as the real one would.
+    """
+    from .pack import pack_module
+
+    nodes, patching = pack_module("nodes.toma_nodes"), pack_module("nodes.patching")
+    inputs = {i.id: i.default for i in nodes.ToMAPatch.define_schema().inputs if i.id != "model"}
+    return patching.patch_model(model, nodes.build_settings(**inputs, min_tokens=0))
+
+
 def default_conditioning_tensors(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """The fixed conditioning a fresh training run draws: context (1, T, context_dim) and pooled."""
     s = spec(family)

@@ -48,10 +48,9 @@ def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
     import comfy.sample
     from ..tokens import stability
     from ..harness import trained
-    from ..harness.pack import pack_module
 
     base = trained.load_model(family)
-    patched = pack_module("nodes.toma_nodes").ToMAPatch.execute(base, **node_defaults()).result[0]
+    patched = trained.patch_at_node_defaults(base)
     sample = stability.sampler(family)
     scores = []
     for seed in seeds:

@@ -103,13 +103,11 @@ def run_family(family: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from ..harness.pack import pack_module
 
     facility = pack_module("toma_core.facility")
-    toma_node = pack_module("nodes.toma_nodes").ToMAPatch
-    defaults = {i.id: i.default for i in toma_node.define_schema().inputs if i.id != "model"}
     base = trained.load_model(family)
     sample = sampler(family)
     rows = [("unpatched", None, base)]
     for tol in (float(t) for t in args.tie_tolerances.split(",")):
-        rows.append((f"ToMA defaults, tie tolerance {tol:g}", tol, toma_node.execute(base, **defaults).result[0]))
+        rows.append((f"ToMA defaults, tie tolerance {tol:g}", tol, trained.patch_at_node_defaults(base)))
     shaped = perturbations(base, args.eps, args.compile)
     results = []
     for label, tol, model in rows:

@@ -94,7 +94,7 @@ def apply(model, settings: ToMASettings) -> UNetAdapter:
 
 def _describe_selection(spec: UNetBlockSpec, selected: list[TransformerSite]) -> str:
     levels = sorted({s.downsample for s in selected})
-    return f"{spec.describe()}: {len({s.block for s in selected})} UNet blocks at 1/{',1/'.join(map(str, levels))}"
+    return f"{spec.describe()}: in {len({s.block for s in selected})} UNet blocks at 1/{',1/'.join(map(str, levels))}"
 
 
 def make_block_forward(site: TransformerSite, foreign: Callable | None = None) -> Callable:

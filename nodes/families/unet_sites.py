@@ -120,7 +120,7 @@ def level_veto(ctx: CallContext, x: torch.Tensor, options: dict, replace: dict |
     h, w = int(shape[-2]), int(shape[-1])
     if x.ndim != 3 or x.shape[1] != h * w or x.shape[0] != ctx.batch:
         return Unmerged("tokens differ from activations_shape")
-    if h * w < ctx.settings.min_tokens:
+    if h * w < ctx.settings.token_floor:
         return Unmerged(f"level below min_tokens={ctx.settings.min_tokens}")
     if has_attention_replace(replace, options.get("block"), options.get("block_index", 0)):
         return Unmerged("attn1/attn2 replace patch present")

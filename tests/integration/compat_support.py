@@ -86,6 +86,11 @@ def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
 
 
+def without_gain(line: str) -> str:
+    """A run line without its last part, the measured gain (call times differ between runs)."""
+    return re.sub(r" \| (merged calls|no unmerged call to compare with).*$", "", line)
+
+
 def warnings_of(caplog: pytest.LogCaptureFixture, logger: str = RUNTIME_LOGGER) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno >= logging.WARNING]
 

@@ -8,6 +8,7 @@ sequence length of every attention call.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -467,3 +468,17 @@ def test_flux_controlnet_residuals_reach_merged_blocks(tiny_flux: Any, tiny: Any
     weak = tiny.sample(patch(toma, tiny_flux, 0.5, blocks="all"), FLUX_LATENT, positive=conditioning(0.0), steps=2)
     assert torch.isfinite(strong).all() and rel(strong, weak) > 1e-4 and rel(strong, plain) > 1e-4
     assert calls and {k for _, _, k in calls} == {TEXT + n // 2}, "every main-model block ran merged"
+
+
+def test_ratio_zero_says_nothing_merged_and_a_real_run_says_what_it_gained(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Ratio 0 used to log "256->256 tokens | merged 4/4 steps ... 16 block runs merged"."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    tiny.sample(patch(toma, tiny_flux, 0.0, blocks="all"), FLUX_LATENT, steps=4)
+    zero = run_lines(caplog)[-1]
+    assert "no tokens merged" in zero and "merged 0/4 steps" in zero and "0 block runs merged" in zero, zero
+    assert "4 calls ratio 0 (nothing to merge)" in zero and "faster" not in zero and "slower" not in zero, zero
+    tiny.sample(patch(toma, tiny_flux, 0.5, 0.5, blocks="all"), FLUX_LATENT, steps=4)
+    line = run_lines(caplog)[-1]
+    merged = re.search(r"merged (\d)/4 steps", line)
+    assert merged and 0 < int(merged[1]) < 4, line  # merged and unmerged calls to compare
+    assert re.search(r"merged calls \d+\.\d\dx (faster|slower) than unmerged ones; this run about \d+\.\d\dx (faster|slower) than without ToMA", line), line

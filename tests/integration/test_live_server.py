@@ -57,7 +57,7 @@ def expected() -> dict[str, Any]:
         },
         "advanced": {
             "blocks": ("STRING", defaults.blocks, None, None),
-            "min_tokens": ("INT", defaults.min_tokens, settings.MIN_TOKENS_RANGE[0], None),
+            "min_tokens": ("STRING", settings.NODE_MIN_TOKENS, None, None),
             "similarity": ("COMBO", defaults.similarity, tuple(core.SIMILARITIES), None),
             "temperature": ("FLOAT", defaults.temperature, *settings.TEMPERATURE_RANGE),
             "budget": ("COMBO", defaults.budget, tuple(core.BUDGETS), None),

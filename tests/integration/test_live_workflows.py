@@ -14,8 +14,11 @@ CPU test must:
   node, because with 2 steps the shipped 0.75 window holds no step and nothing would merge.
 
 Checked per workflow: status success, an image written, ToMA's run line with the token counts the
-tiling implies (N = grid tokens, D = per-tile round(n * (1 - ratio))), and ratio 0 bit-identical
-to the same prompt without the ToMA node. Bad widget values come back as ComfyUI validation or
+tiling implies (N = grid tokens, D = per-tile round(n * (1 - ratio))) and what the run gained, and
+ratio 0 bit-identical to the same prompt without the ToMA node. The basic node's min_tokens is
+"auto": the cost model leaves calls of these small test models unmerged where merging would not
+pay, and the line says so; the merging checks run the same prompt with each ToMA Patch replaced by
+ToMA Patch (Advanced) at min_tokens 0 (``forced``). Bad widget values come back as ComfyUI validation or
 execution errors naming the value, and the server keeps serving afterwards.
 """
 
@@ -68,6 +71,8 @@ TEXT_LOADERS = ("DualCLIPLoader", "CLIPLoader")
 """T5-XXL and umT5-XXL cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to 4096."""
 TOMA_NODES = ("ToMAPatch", "ToMAPatchAdvanced")
 TOKEN_PATTERN = re.compile(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)")
+GAIN_PATTERN = re.compile(r"this run about \d+\.\d\dx (faster|slower) than without ToMA")
+AUTO_REASON = "min_tokens auto: merging"
 
 
 @pytest.fixture(scope="session")
@@ -139,6 +144,16 @@ def runs() -> dict[tuple[str, str], Run]:
     return {}
 
 
+def forced(prompt: wa.Prompt, object_info: dict[str, Any]) -> wa.Prompt:
+    """The prompt with every ToMA Patch replaced by ToMA Patch (Advanced) with the same inputs and
+    min_tokens 0 (a number, as a workflow saved before min_tokens took "auto"): merging on these
+    small models whatever the cost model predicts."""
+    for node_id in wa.nodes_of(prompt, "ToMAPatch"):
+        advanced = wa.api_node(object_info, "ToMAPatchAdvanced", **prompt[node_id]["inputs"], min_tokens=0)
+        prompt = wa.replace_node(prompt, node_id, advanced)
+    return prompt
+
+
 def shared_run(server: LiveServer, runs: dict, key: tuple[str, str], prompt: wa.Prompt) -> Run:
     if key not in runs:
         runs[key] = run_prompt(server, prompt)
@@ -198,12 +213,13 @@ def check_run_line(line: str, family: str, toma: dict[str, Any]) -> None:
     for before, after, height, width in (map(int, grid) for grid in grids):
         assert before == frames * height * width, line
         assert after == frames * kept_tokens(height, width, toma["tile_size"], toma["ratio"]) < before, line
+    assert GAIN_PATTERN.search(line), line
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_shipped_workflow_runs_and_merges(live_server: LiveServer, prompts, runs, path: Path):
-    prompt = prompts[path.stem]
-    run = shared_run(live_server, runs, (path.stem, "toma"), prompt)
+def test_shipped_workflow_runs_and_merges(live_server: LiveServer, object_info, prompts, runs, path: Path):
+    prompt = forced(prompts[path.stem], object_info)
+    run = shared_run(live_server, runs, (path.stem, "forced"), prompt)
     assert_success(run)
     frames = media_frames(live_server, run.images()[0])
     video = family_of_workflow(prompt) == "wan"
@@ -218,14 +234,30 @@ def test_shipped_workflow_runs_and_merges(live_server: LiveServer, prompts, runs
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_ratio_zero_is_bit_identical_to_no_toma(live_server: LiveServer, prompts, runs, path: Path):
+def test_shipped_workflow_at_min_tokens_auto_says_what_it_gained_or_why_not(live_server: LiveServer, prompts, runs, path: Path):
+    prompt = prompts[path.stem]
+    run = shared_run(live_server, runs, (path.stem, "toma"), prompt)
+    assert_success(run)
+    lines = toma_lines(run)
+    assert len(lines) == len(toma_ids(prompt)), f"{lines}\n{run.log[-3000:]}"
+    for line in lines:
+        merged = re.search(r"merged (\d+)/(\d+) steps", line)
+        assert merged, line
+        if merged[1] == "0":
+            assert AUTO_REASON in line and "predicted" in line, line  # unmerged, and the line says why
+        else:
+            assert GAIN_PATTERN.search(line), line
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_ratio_zero_is_bit_identical_to_no_toma(live_server: LiveServer, object_info, prompts, runs, path: Path):
     prompt = prompts[path.stem]
     without = prompt
     for node_id in toma_ids(prompt):
         without = wa.remove_node(without, node_id, "model")
     zero = shared_run(live_server, runs, (path.stem, "ratio0"), wa.set_inputs(prompt, "ToMAPatch", ratio=0.0))
     plain = shared_run(live_server, runs, (path.stem, "plain"), without)
-    merged = shared_run(live_server, runs, (path.stem, "toma"), prompt)
+    merged = shared_run(live_server, runs, (path.stem, "forced"), forced(prompt, object_info))
     for run in (zero, plain, merged):
         assert_success(run)
     reference = media_frames(live_server, plain.images()[0])

@@ -307,3 +307,14 @@ def test_advanced_node_tile_frames_reaches_the_wan_plan(wan: Any, tiny: Any, tom
     run(wan, tiny, recorder, steps=1)
     segments = [part.grid.tt for part in found[0][0].parts if hasattr(part, "grid")]
     assert segments == [1, 4]  # frame 0 alone, frames 1-4 in one tile depth
+
+
+def test_ratio_zero_is_reported_as_such_not_as_a_bypass(wan: Any, tiny: Any, toma: Any, t2v: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A plain Wan at ratio 0 used to log "ToMA was bypassed" and warn that another node replaced the
+    forward loop, with no other node in the graph."""
+    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+        run(wan, tiny, patch(toma, t2v, ratio=0.0))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ToMA [wan]")]
+    warnings = [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.levelno >= logging.WARNING]
+    assert "unmerged: 2 calls ratio 0 (nothing to merge)" in lines[-1] and "bypassed" not in lines[-1], lines[-1]
+    assert warnings == []

@@ -1,0 +1,145 @@
+"""What a sampling run gained, measured: the time of each model call, merged or not, and the
+sentence the run's log line ends with.
+
+On a GPU each call is bracketed by two CUDA events recorded on the current stream; they are read
+only at the end of the run (one synchronisation, after sampling), so timing adds none inside the
+sampling loop. On the CPU a call returns when its work is done, so a monotonic clock
+(time.perf_counter, or the clock a test injects) brackets it.
+
+Merged calls are compared with unmerged calls of the same batch and token count (the steps outside
+the merge window, or between merge steps), by median, so a first call's warm-up does not count. A run
+without such an unmerged call uses the cost model's predicted speed-up instead, and says so. A merged
+call that a step cache skipped is not timed (wrappers.py); an unmerged one it skipped cannot be told
+apart and counts, which the median absorbs while the cache skips fewer than half of those calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CallKey = tuple[int, int, int]
+"""(batch, image tokens, text + pass-through tokens) of a call: only calls of one key are compared."""
+
+
+@dataclass(frozen=True)
+class TimedCall:
+    key: CallKey
+    merged: bool
+    seconds: float
+
+
+@dataclass
+class CallTimer:
+    """Start/stop marks of a run's model calls. clock: seconds, monotonic (CPU calls). device: the
+    device type of the last call started ("cpu", "cuda", ...)."""
+
+    clock: Callable[[], float] = time.perf_counter
+    device: str = "cpu"
+    _marks: list[tuple[CallKey, bool, Any, Any]] = field(default_factory=list)
+
+    def start(self, x: torch.Tensor) -> Any:
+        """A start mark for a call on x's device: a recorded CUDA event, or the clock's reading."""
+        self.device = x.device.type
+        if x.is_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(x.device))
+            return event
+        return self.clock()
+
+    def stop(self, start: Any, key: CallKey, merged: bool) -> None:
+        """End the call begun at `start` (same kind of mark), merged or not."""
+        if isinstance(start, torch.cuda.Event):
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            end = self.clock()
+        self._marks.append((key, merged, start, end))
+
+    def calls(self) -> list[TimedCall]:
+        """The run's timed calls; CUDA marks are read here (after one synchronisation)."""
+        if any(isinstance(end, torch.cuda.Event) for _, _, _, end in self._marks):
+            torch.cuda.synchronize()
+        return [TimedCall(key, merged, _seconds(start, end)) for key, merged, start, end in self._marks]
+
+
+def _seconds(start: Any, end: Any) -> float:
+    if isinstance(start, torch.cuda.Event):
+        return start.elapsed_time(end) / 1000.0
+    return float(end - start)
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A run's gain. call: merged vs unmerged call speed-up (measured, or predicted when `measured`
+    is False); run: the run's model calls' predicted time without ToMA over their time with it."""
+
+    call: float
+    run: float
+    measured: bool
+    key: CallKey
+
+    def text(self) -> str:
+        if self.measured:
+            return (
+                f"merged calls {_faster(self.call)} than unmerged ones; this run about {_faster(self.run)} "
+                "than without ToMA (predicted for all-unmerged)"
+            )
+        return (
+            f"no unmerged call to compare with: merged calls {_faster(self.call)} by the cost model; "
+            f"this run about {_faster(self.run)} than without ToMA (cost model)"
+        )
+
+
+def _faster(speedup: float) -> str:
+    """"1.71x faster", or "1.25x slower" for a speed-up of 0.8."""
+    return f"{speedup:.2f}x faster" if speedup >= 1.0 else f"{1.0 / speedup:.2f}x slower"
+
+
+def measure_gain(calls: list[TimedCall], predicted: Callable[[CallKey], float]) -> Gain | None:
+    """The gain of a run's timed calls; None when no call merged. predicted(key): the cost model's
+    speed-up of a merged call of that key, used where no unmerged call of the key ran."""
+    merged = [c for c in calls if c.merged]
+    if not merged:
+        return None
+    ratios = {key: _measured_ratio(calls, key) for key in {c.key for c in merged}}
+    main = max(ratios, key=lambda k: (ratios[k] is not None, sum(c.key == k for c in merged)))
+    without = sum(c.seconds * (ratios[c.key] or predicted(c.key)) if c.merged else c.seconds for c in calls)
+    with_toma = sum(c.seconds for c in calls)
+    measured = ratios[main] is not None
+    call = ratios[main] if measured else predicted(main)
+    return Gain(call, without / with_toma if with_toma > 0 else 1.0, measured, main)
+
+
+def _measured_ratio(calls: list[TimedCall], key: CallKey) -> float | None:
+    """Median unmerged over median merged time of the calls of `key`; None without unmerged ones."""
+    merged = [c.seconds for c in calls if c.key == key and c.merged]
+    unmerged = [c.seconds for c in calls if c.key == key and not c.merged]
+    if not merged or not unmerged:
+        return None
+    fast = statistics.median(merged)
+    return statistics.median(unmerged) / fast if fast > 0 else None
+
+
+def warn_if_slower(gain: Gain | None, min_tokens: int | str) -> None:
+    """Warn when a run's merged calls were measured not faster than its unmerged ones, naming the
+    widget that stops merging at this size."""
+    if gain is None or not gain.measured or gain.call >= 1.0:
+        return
+    tokens = gain.key[1]
+    fix = (
+        f"raise min_tokens above {tokens} on ToMA Patch (Advanced)" if min_tokens == "auto"
+        else "set min_tokens to auto on ToMA Patch (Advanced)"
+    )
+    log.warning(
+        "ToMA: merged calls were slower than unmerged ones (%.2fx) at %d image tokens: merging does not pay "
+        "for this model at this size; %s, or remove the ToMA node", gain.call, tokens, fix,
+    )

@@ -1,0 +1,60 @@
+"""min_tokens "auto" on real-size models: the cost profile read from ComfyUI's own full-size model
+classes, built on torch's meta device (no weights, no compute), merges the calls users run at
+1024 px and leaves the small ones unmerged where merging would not pay.
+
+Configs: Flux.1-dev (hidden 3072, 19 + 38 blocks) and SDXL (320 channels, transformer depth 2 / 10)
+as ComfyUI's model detection reads them from the released checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.harness.pack import pack_module
+
+FLUX_DEV = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096,
+            "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19, "depth_single_blocks": 38,
+            "axes_dim": [16, 56, 56], "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": True}
+SDXL = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 320,
+        "use_spatial_transformer": True, "legacy": False, "use_temporal_attention": False, "use_temporal_resblock": False,
+        "num_res_blocks": [2, 2, 2], "channel_mult": [1, 2, 4], "transformer_depth": [0, 0, 2, 2, 10, 10],
+        "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10], "transformer_depth_middle": 10,
+        "use_linear_in_transformer": True, "num_classes": "sequential", "adm_in_channels": 2816,
+        "context_dim": 2048, "num_heads": -1, "num_head_channels": 64}
+
+
+def meta_model(config_class: str, unet_config: dict[str, Any]) -> Any:
+    import comfy.model_patcher
+    import comfy.supported_models
+    import torch
+
+    config = getattr(comfy.supported_models, config_class)(dict(unet_config))
+    config.unet_config.update(unet_config)
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(config.get_model({}, device=torch.device("meta")), load_device=cpu, offload_device=cpu)
+
+
+def auto_profile(comfy: Any, config_class: str, unet_config: dict[str, Any]) -> Any:
+    patching, settings = pack_module("nodes.patching"), pack_module("nodes.settings")
+    patched = patching.patch_model(meta_model(config_class, unet_config), settings.ToMASettings(min_tokens=settings.NODE_MIN_TOKENS))
+    return patched.model_options["transformer_options"][settings.TOMA_KEY].config.cost
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_real_size_models_merge_at_1024px(comfy: Any, device: str) -> None:
+    runtime = pack_module("nodes.runtime")
+    flux = auto_profile(comfy, "Flux", FLUX_DEV)
+    sdxl = auto_profile(comfy, "SDXL", SDXL)
+    assert flux.width == 3072 and sdxl.width == 640  # SDXL's first transformer level
+    assert flux.auto_veto(runtime.CallGeometry(64, 64, 512), device, 1) is None  # 1024 px, 512 text tokens
+    assert sdxl.auto_veto(runtime.CallGeometry(128, 128, 77), device, 2) is None  # 1024 px, cond + uncond
+
+
+def test_small_calls_of_a_real_size_unet_run_unmerged_on_a_gpu(comfy: Any) -> None:
+    runtime = pack_module("nodes.runtime")
+    sdxl = auto_profile(comfy, "SDXL", SDXL)
+    small, large = runtime.CallGeometry(32, 32, 77), runtime.CallGeometry(128, 128, 77)
+    assert sdxl.speedup(small.tokens, 77, "cuda", 2) < sdxl.speedup(large.tokens, 77, "cuda", 2)
+    reason = sdxl.auto_veto(small, "cuda", 1)
+    assert reason is not None and "1024 image tokens at width 640 on cuda" in reason

@@ -1,0 +1,64 @@
+"""The cost model (toma_core/cost.py): its calibration point, and the directions a prediction must
+move in (more tokens, wider blocks, fewer merged blocks, attention-only merging, launch-bound GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+from bench.harness.pack import pack_module
+
+cost = pack_module("toma_core.cost")
+
+FLUX_DEV = {"width": 3072, "count": 57, "merged": True}
+"""Flux.1-dev: 19 double + 38 single blocks of width 3072, every one merged."""
+
+
+def flux(tokens: int, text: int = 512, kept: float = 0.5, device: str = "cpu", **kwargs) -> float:
+    return cost.call_speedup([cost.BlockCost(**(FLUX_DEV | kwargs))], tokens, text, kept, device)
+
+
+def test_reproduces_its_calibration_measurement():
+    point = cost.CALIBRATION
+    blocks = [cost.BlockCost(point["width"], point["blocks"], merged=True)]
+    predicted = cost.call_speedup(blocks, point["tokens"], point["text"], point["kept"], "cpu")
+    assert predicted == pytest.approx(point["measured"], rel=0.02)
+
+
+def test_nothing_kept_away_is_no_gain():
+    assert flux(4096, kept=1.0) == 1.0
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_gain_grows_with_tokens_and_with_the_share_merged_away(device):
+    by_tokens = [flux(n, device=device) for n in (256, 1024, 4096, 16384)]
+    assert by_tokens == sorted(by_tokens) and by_tokens[-1] > 2
+    by_ratio = [flux(4096, kept=k, device=device) for k in (0.75, 0.5, 0.25)]
+    assert by_ratio == sorted(by_ratio)
+
+
+def test_unmerged_blocks_and_attention_only_merging_dilute_the_gain():
+    every = flux(4096)
+    half = cost.call_speedup([cost.BlockCost(3072, 28, merged=True), cost.BlockCost(3072, 29)], 4096, 512, 0.5)
+    attention_only = flux(4096, whole=False)
+    assert 1.0 < half < every and 1.0 < attention_only < every
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_tiny_width_is_predicted_to_lose(device):
+    tiny = cost.call_speedup([cost.BlockCost(64, 4, merged=True)], 256, 256, 0.5, device)
+    assert tiny < 1.0
+
+
+def test_a_gpu_launch_makes_small_calls_pay_less_than_on_a_cpu_and_a_batch_pays_more():
+    small = [cost.BlockCost(320, 16, merged=True, linear=cost.LINEAR_UNET, joint=False)]
+    on_gpu = cost.call_speedup(small, 1024, 0, 0.5, "cuda")
+    assert on_gpu < cost.call_speedup(small, 1024, 0, 0.5, "cpu")
+    assert on_gpu < 1.0 < cost.call_speedup(small, 1024, 0, 0.5, "cuda", batch=64)
+    assert cost.launch_cost("mps") == cost.launch_cost("cuda")
+
+
+def test_cross_attention_text_does_not_count_in_self_attention():
+    joint = cost.BlockCost(1536, 30, merged=True)
+    cross = cost.BlockCost(1536, 30, merged=True, joint=False)
+    with_text = cost.call_speedup([joint], 4096, 4096, 0.5)
+    assert cost.call_speedup([cross], 4096, 4096, 0.5) == pytest.approx(cost.call_speedup([cross], 4096, 0, 0.5))
+    assert with_text < cost.call_speedup([cross], 4096, 4096, 0.5)  # text tokens stay unmerged in joint attention

@@ -1,0 +1,200 @@
+"""What a run says about itself, without ComfyUI: the measured gain (from recorded call times on an
+injected clock), the cost model's figure where no unmerged call ran, the warning when merged calls
+were slower, min_tokens "auto", ratio 0 reported as such, and schedules that merge (almost) no step."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from bench.harness.pack import PACK_NAME, pack_module
+
+runtime = pack_module("nodes.runtime")
+wrappers = pack_module("nodes.wrappers")
+settings_mod = pack_module("nodes.settings")
+report = pack_module("nodes.report")
+timing = pack_module("nodes.call_timing")
+profile_mod = pack_module("nodes.cost_profile")
+core = pack_module("toma_core")
+cost = pack_module("toma_core.cost")
+
+SIGMAS = [10.0, 7.5, 5.0, 2.5, 0.0]
+
+
+class FakeAdapter:
+    family, blocks, num_blocks = "fake", "all", 2
+
+    def call_geometry(self, x, context, kwargs):
+        return runtime.CallGeometry(x.shape[-2], x.shape[-1], None if context is None else context.shape[1])
+
+
+class FakeClock:
+    """Seconds that advance only when a fake model call says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def state_of(sigmas=SIGMAS, cost_profile=None, **kwargs) -> runtime.RunState:
+    config = runtime.ToMAConfig(settings_mod.ToMASettings(**kwargs), FakeAdapter(), cost_profile)
+    state = runtime.RunState(config)
+    state.begin_run(lambda p: 10.0 * (1 - p), torch.tensor(sigmas))
+    return state
+
+
+def sample(state, clock: FakeClock, merged_s: float, unmerged_s: float, sigmas=SIGMAS) -> None:
+    """One model call per step through the APPLY_MODEL wrapper; a merged call runs its blocks merged
+    and takes merged_s on the clock, an unmerged one unmerged_s."""
+    for sigma in sigmas[:-1]:
+        options = {"sigmas": torch.tensor([sigma]), "sample_sigmas": torch.tensor(sigmas),
+                   "cond_or_uncond": [0, 1], "uuids": ["a", "b"], settings_mod.TOMA_KEY: state}
+
+        def executor(*args, **kwargs):
+            ctx = args[5][settings_mod.CALL_KEY]
+            if ctx.merge:
+                ctx.record_block(True)
+            clock.now += merged_s if ctx.merge else unmerged_s
+            return args[0]
+
+        wrappers.apply_model_wrapper(executor, torch.zeros(2, 4, 8, 8), torch.tensor([sigma]), None, torch.zeros(2, 5, 3), None, options)
+
+
+def gain_of(state):
+    return timing.measure_gain(state.timer.calls(), state.predicted_speedup)
+
+
+def test_gain_is_computed_from_the_recorded_call_times():
+    clock = FakeClock()
+    state = state_of(schedule=core.MergeSchedule(0.0, 0.5))  # steps 0, 1 merge; 2, 3 do not
+    state.timer = timing.CallTimer(clock)
+    sample(state, clock, merged_s=1.0, unmerged_s=2.0)
+    gain = gain_of(state)
+    assert gain.measured and gain.call == pytest.approx(2.0)
+    assert gain.run == pytest.approx((4 * 2.0) / (2 * 1.0 + 2 * 2.0))
+    line = report.format_report(state.config, state.stats, 0, gain)
+    assert "merged calls 2.00x faster than unmerged ones; this run about 1.33x faster than without ToMA" in line
+
+
+def test_median_keeps_a_slow_first_call_from_counting():
+    calls = [timing.TimedCall((2, 64, 5), False, s) for s in (9.0, 2.0, 2.0)] + [timing.TimedCall((2, 64, 5), True, 1.0)] * 2
+    assert timing.measure_gain(calls, lambda key: 5.0).call == pytest.approx(2.0)
+
+
+def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
+    clock = FakeClock()
+    profile = profile_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    state = state_of(cost_profile=profile)  # window 0-1: every step merges
+    state.timer = timing.CallTimer(clock)
+    sample(state, clock, merged_s=1.0, unmerged_s=2.0)
+    gain = gain_of(state)
+    assert not gain.measured
+    assert gain.call == pytest.approx(profile.speedup(64, 5, "cpu", 2)) == pytest.approx(gain.run)
+    assert "no unmerged call to compare with" in gain.text() and "cost model" in gain.text()
+
+
+def test_no_merged_call_gives_no_gain():
+    state = state_of(ratio=0.0)
+    state.timer = timing.CallTimer(FakeClock())
+    sample(state, FakeClock(), merged_s=1.0, unmerged_s=2.0)
+    assert gain_of(state) is None
+
+
+@pytest.mark.parametrize("min_tokens, widget", [(0, "set min_tokens to auto"), ("auto", "raise min_tokens above 64")])
+def test_slower_merged_calls_warn_and_name_the_widget(caplog, min_tokens, widget):
+    clock = FakeClock()
+    state = state_of(schedule=core.MergeSchedule(0.0, 0.5), min_tokens=min_tokens)
+    state.timer = timing.CallTimer(clock)
+    sample(state, clock, merged_s=3.0, unmerged_s=2.0)
+    with caplog.at_level(logging.WARNING, logger=f"{PACK_NAME}.nodes.call_timing"):
+        timing.warn_if_slower(gain_of(state), min_tokens)
+        timing.warn_if_slower(timing.Gain(1.2, 1.1, True, (2, 64, 5)), min_tokens)  # faster: no warning
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "slower than unmerged ones (0.67x)" in warning and widget in warning
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_calls_are_timed_with_events_read_at_the_end():
+    timer = timing.CallTimer(lambda: pytest.fail("the CPU clock timed a CUDA call"))
+    x = torch.randn(256, 256, device="cuda")
+    for merged in (False, True):
+        start = timer.start(x)
+        (x @ x).sum()
+        timer.stop(start, (1, 256, 0), merged)
+    assert all(c.seconds > 0 for c in timer.calls())
+
+
+def test_auto_runs_a_call_unmerged_where_the_cost_model_predicts_no_gain():
+    tiny = profile_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
+    wide = profile_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    for profile, merges in ((tiny, False), (wide, True)):
+        state = state_of(cost_profile=profile, min_tokens="auto")
+        sample(state, FakeClock(), 1.0, 1.0)
+        assert (state.stats.merged_calls > 0) is merges
+    state = state_of(cost_profile=tiny, min_tokens="auto")
+    sample(state, FakeClock(), 1.0, 1.0)
+    (reason,) = state.stats.unmerged_calls
+    assert reason.startswith("min_tokens auto: merging 64 image tokens at width 64 on cpu is predicted") and "a number in min_tokens" in reason
+    forced = state_of(cost_profile=tiny, min_tokens=0)
+    sample(forced, FakeClock(), 1.0, 1.0)
+    assert forced.stats.merged_calls == 4  # a user's number wins
+
+
+@pytest.mark.parametrize("ratio, tile, reason", [
+    (0.0, 4, "ratio 0 (nothing to merge)"),
+    (0.1, 2, "ratio 0.1 at tile_size 2 keeps every token"),
+])
+def test_a_setting_that_merges_no_token_is_reported_as_such(ratio, tile, reason):
+    state = state_of(ratio=ratio, tile_size=tile)
+    sample(state, FakeClock(), 1.0, 1.0)
+    line = report.format_report(state.config, state.stats, 0)
+    assert state.stats.merged_calls == state.stats.eligible_calls == state.stats.block_runs_merged == 0
+    assert f"unmerged: 4 calls {reason}" in line and "merged 0/4 steps" in line
+    assert not report.bypassed(state.config, state.stats, 0)
+    assert report.schedule_warning(state.config.settings, state.stats) is None
+
+
+def test_block_count_says_what_it_counts():
+    line = report.format_report(state_of().config, state_of().stats, 0)
+    assert "2 transformer blocks selected (all)" in line
+
+
+def steps(count: int) -> list[float]:
+    return [10.0 * (1 - i / count) for i in range(count)] + [0.0]
+
+
+@pytest.mark.parametrize("sigmas, start, expected", [
+    (steps(20), 0.75, None),
+    (steps(4), 0.75, None),
+    (steps(2), 0.75, "merged none of this run's 2 steps"),
+    (steps(3), 0.75, "merged none of this run's 3 steps"),
+    ([10.0 - 0.1 * i for i in range(9)] + [4.0, 0.0], 0.5, "merges only 1 of this run's 10 steps"),
+])
+def test_a_schedule_that_merges_none_or_few_of_the_steps_warns(sigmas, start, expected):
+    state = state_of(sigmas, schedule=core.MergeSchedule(start, 1.0))
+    text = report.schedule_warning(state.config.settings, state.stats)
+    if expected is None:
+        assert text is None, text
+    else:
+        assert expected in text and "lower start_percent" in text
+
+
+def node_default_state(count: int) -> runtime.RunState:
+    """A run of `count` steps (linear sigmas, as a flow model's simple schedule) at the nodes' defaults."""
+    schedule = core.MergeSchedule(settings_mod.NODE_START_PERCENT, 1.0)
+    return state_of(steps(count), schedule=schedule)
+
+
+@pytest.mark.parametrize("few", [1, 2, 4, 8])
+def test_at_the_node_defaults_a_few_step_run_merges_its_share_or_warns(few):
+    many, short = node_default_state(20), node_default_state(few)
+    share = short.stats.planned_steps / few
+    comparable = share >= report.FEW_STEPS_SHARE * many.stats.planned_steps / 20
+    assert comparable or report.schedule_warning(short.config.settings, short.stats)
+
+
+def test_a_loss_reads_as_slower():
+    assert "merged calls 1.25x slower than unmerged ones" in timing.Gain(0.8, 0.9, True, (1, 64, 0)).text()

@@ -1,0 +1,160 @@
+"""Predicted speed-up of a model call whose transformer blocks run on merged tokens: an operation
+count of each block, with the merge's own cost.
+
+One block of width C on L tokens (L = N image tokens, plus the T text and R pass-through tokens that
+join its attention in a joint-attention DiT such as Flux):
+
+    unmerged = linear * L * C^2 + ATTENTION * L^2 * C
+    merged   = linear * L' * C^2 + ATTENTION * L'^2 * C + MOVE * N * C,   L' = D + T + R
+
+times the batch B, and the kernel launches, priced at LAUNCH[device] flop-equivalents each
+(BLOCK_OPS per block, MERGE_OPS more per merged block, PLAN_OPS per plan). A CPU runs the launches
+and the work one after the other (their sum); a GPU launches asynchronously, so a block takes the
+longer of its work and its launches: a small call that merging would shorten is launch-bound and
+gains nothing.
+
+D = N * (1 - ratio). `linear` counts the flops per token and C^2 of the block's per-token layers
+(LINEAR_DIT for a Flux, SD3 or Wan block: q/k/v 3, out 1, MLP 8 multiply-adds; LINEAR_UNET for
+SDXL's BasicTransformerBlock: self-attention 4, cross-attention q/out 2, GEGLU 12). ATTENTION: Q K^T
+and A V. MOVE prices the merge, the unmerge and the residual (ToMA §3.3): a few matmuls of the
+(k, n) tile matrices, cheap in flops but memory-bound, so it is given in flop-equivalents per image
+token and channel (about ten passes over the tokens at a GPU's ~400 flops per element moved). The
+plan (facility location, ToMA §3.2) is built once per call and shared by every merged block; its
+cost, PLAN_MOVES passes of the same memory-bound work and PLAN_OPS launches, is spread over the call.
+
+Calibration: MOVE is set so that the real-width Flux.1-dev block (C 3072, N 4,096 image + 512 text
+tokens, every block merged at ratio 0.5, tile 4) comes out at the 1.84x measured on this project's
+CPU (bench/speed/realsize.py; figures in docs/realsize.md). At tiny widths the model is conservative
+on a CPU: the tiny test Flux (C 64, N 256, T 256) predicts 0.75x, while its merged calls measured
+faster there (one thread); on a GPU such a call is launch-bound and the launch terms predict a loss.
+Cross-attention to the text (UNet, Wan) and the per-sample modulation are left out: under 2 % of a
+real block.
+
+Pure Python: no torch, no ComfyUI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LINEAR_DIT = 24.0
+"""Flops per token and C^2 of a DiT block's per-token layers (Flux double and single, SD3, Wan, ...)."""
+
+LINEAR_UNET = 36.0
+"""Flops per token and C^2 of a UNet BasicTransformerBlock (attn1 4, attn2 q/out 2, GEGLU 12 MACs)."""
+
+ATTENTION = 4.0
+"""Flops per L^2 C of self-attention (Q K^T and A V)."""
+
+CALIBRATION = {"width": 3072, "blocks": 57, "tokens": 4096, "text": 512, "kept": 0.5, "measured": 1.84}
+"""The measurement MOVE is fitted to: real-width Flux.1-dev blocks at 1024 px, every one merged at
+ratio 0.5, merged over unmerged time on this project's CPU (see the module docstring)."""
+
+MOVE = 3900.0
+"""Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
+(memory-bound); calibrated on real-width Flux blocks, see the module docstring."""
+
+PLAN_MOVES = 1.0
+"""A call's plan costs this many MOVE passes over its image tokens, once per call."""
+
+LAUNCH = {"cpu": 1.0e5, "cuda": 1.6e9}
+"""Flop-equivalents of one kernel launch by device type: ~7 us per op at ~15 GFLOP/s (one thread of
+this project's CPU), ~8 us of PyTorch's eager dispatch at ~200 TFLOP/s achieved (a data-centre GPU
+in bf16). Other devices: as "cuda"."""
+
+SERIAL = frozenset({"cpu"})
+"""Device types whose launches add to the work (synchronous); on the others they overlap it."""
+
+BLOCK_OPS = 30
+"""Kernel launches of one transformer block (norms, modulation, projections, attention, MLP)."""
+
+MERGE_OPS = 12
+"""Extra launches of a merged block: merge, unmerge, residual, positional rows, dtype casts."""
+
+PLAN_OPS = 40
+"""Launches of one plan: features, tile similarities, the greedy's iterations, the assignment."""
+
+
+def launch_cost(device: str) -> float:
+    """Flop-equivalents of one launch on a device of this type ("cpu", "cuda", "mps", ...)."""
+    return LAUNCH.get(device, LAUNCH["cuda"])
+
+
+def timed(work: float, ops: int, device: str) -> float:
+    """Flop-equivalents of `work` issued as `ops` launches on `device` (see SERIAL)."""
+    launches = ops * launch_cost(device)
+    return work + launches if device in SERIAL else max(work, launches)
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One group of identical blocks of a model call, as the cost model sees it.
+
+    width: C. count: how many such blocks. share: tokens at the block per image token of the call
+    (1 in a DiT; 1/s^2 at a UNet level s times smaller than the latent). linear: flops per token and
+    C^2 of its per-token layers (a convolution block: 2 * its parameters, with width 1). attention:
+    it self-attends over its tokens. joint: text and pass-through tokens join that attention.
+    merged: the setting merges these blocks. whole: the whole block runs merged (scope "block");
+    False: only its attention does, its per-token layers run on all N tokens (scope "attention").
+    """
+
+    width: int
+    count: int = 1
+    share: float = 1.0
+    linear: float = LINEAR_DIT
+    attention: bool = True
+    joint: bool = True
+    merged: bool = False
+    whole: bool = True
+
+
+def block_flops(block: BlockCost, tokens: float, others: float, attended: float | None = None) -> float:
+    """Flops of one block on `tokens` image tokens and `others` joint tokens (counted if joint);
+    its attention sees `attended` image tokens (default: `tokens`)."""
+    extra = others if block.joint else 0.0
+    work = block.linear * (tokens + extra) * block.width ** 2
+    if block.attention:
+        work += ATTENTION * ((tokens if attended is None else attended) + extra) ** 2 * block.width
+    return work
+
+
+def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: float) -> float:
+    """Flop-equivalents of one merged block's work: on the kept tokens (only its attention's, for a
+    block that is not merged whole), plus the merge's memory-bound moves."""
+    if block.whole:
+        work = block_flops(block, tokens * kept, others)
+    else:
+        work = block_flops(block, tokens, others, attended=tokens * kept)
+    return work + MOVE * tokens * block.width
+
+
+def call_flops(
+    blocks: Sequence[BlockCost], tokens: int, others: int = 0, kept: float = 1.0, device: str = "cpu", batch: int = 1,
+) -> float:
+    """Predicted time, in flop-equivalents, of one call of batch `batch` on `device` with N = `tokens`
+    image tokens and `others` text / pass-through tokens per sample; merged blocks keep the share
+    `kept` = D / N of their tokens (1 = unmerged)."""
+    total = 0.0
+    planned = False
+    for block in blocks:
+        if block.count == 0:
+            continue
+        n = tokens * block.share
+        if block.merged and kept < 1.0:
+            per_block = timed(batch * merged_block_flops(block, n, others, kept), BLOCK_OPS + MERGE_OPS, device)
+            if not planned:
+                total += timed(batch * PLAN_MOVES * MOVE * n * block.width, PLAN_OPS, device)
+                planned = True
+        else:
+            per_block = timed(batch * block_flops(block, n, others), BLOCK_OPS, device)
+        total += block.count * per_block
+    return total
+
+
+def call_speedup(
+    blocks: Sequence[BlockCost], tokens: int, others: int, kept: float, device: str = "cpu", batch: int = 1,
+) -> float:
+    """Predicted unmerged / merged time of one call (see call_flops); 1.0 when nothing merges."""
+    merged = call_flops(blocks, tokens, others, kept, device, batch)
+    return call_flops(blocks, tokens, others, 1.0, device, batch) / merged if merged > 0 else 1.0
