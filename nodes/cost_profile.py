@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..toma_core.cost import LINEAR_UNET, BlockCost, call_speedup
-from .runtime import CallGeometry
+from .contract import CallGeometry
 from .settings import ToMASettings
 
 AUTO_MIN_SPEEDUP = 1.05

@@ -22,11 +22,12 @@ token and channel (about ten passes over the tokens at a GPU's ~400 flops per el
 plan (facility location, ToMA §3.2) is built once per call and shared by every merged block; its
 cost, PLAN_MOVES passes of the same memory-bound work and PLAN_OPS launches, is spread over the call.
 
-Calibration: MOVE is set so that the real-width Flux.1-dev block (C 3072, N 4,096 image + 512 text
-tokens, every block merged at ratio 0.5, tile 4) comes out at the 1.84x measured on this project's
-CPU (bench/speed/realsize.py; figures in docs/realsize.md). At tiny widths the model is conservative
-on a CPU: the tiny test Flux (C 64, N 256, T 256) predicts 0.75x, while its merged calls measured
-faster there (one thread); on a GPU such a call is launch-bound and the launch terms predict a loss.
+Calibration: MOVE is fitted to the merged / unmerged block times in CALIBRATION, measured on this
+project's CPU (one thread, fp32, real ComfyUI blocks at the real width, random weights; `python -m
+bench.speed.realsize measure`, figures in docs/realsize.md): every prediction there is within 11 %
+of its measurement. At tiny widths on a CPU the model predicts a small gain (the tiny test Flux,
+C 64), as its merged calls measure there; on a GPU such a call is launch-bound and the launch terms
+predict a loss.
 Cross-attention to the text (UNet, Wan) and the per-sample modulation are left out: under 2 % of a
 real block.
 
@@ -47,13 +48,24 @@ LINEAR_UNET = 36.0
 ATTENTION = 4.0
 """Flops per L^2 C of self-attention (Q K^T and A V)."""
 
-CALIBRATION = {"width": 3072, "blocks": 57, "tokens": 4096, "text": 512, "kept": 0.5, "measured": 1.84}
-"""The measurement MOVE is fitted to: real-width Flux.1-dev blocks at 1024 px, every one merged at
-ratio 0.5, merged over unmerged time on this project's CPU (see the module docstring)."""
+CALIBRATION = (
+    {"block": "flux", "width": 3072, "tokens": 256, "text": 256, "measured": 1.33},
+    {"block": "flux", "width": 3072, "tokens": 1024, "text": 256, "measured": 1.62},
+    {"block": "flux", "width": 3072, "tokens": 4096, "text": 256, "measured": 2.17},
+    {"block": "flux", "width": 3072, "tokens": 4096, "text": 512, "measured": 1.84, "count": 57},
+    {"block": "unet", "width": 640, "tokens": 576, "text": 0, "measured": 1.95},
+    {"block": "unet", "width": 1280, "tokens": 144, "text": 0, "measured": 1.66},
+    {"block": "unet", "width": 640, "tokens": 1024, "text": 0, "measured": 1.95},
+    {"block": "unet", "width": 1280, "tokens": 256, "text": 0, "measured": 1.84},
+)
+"""Measured merged-over-unmerged speed-ups MOVE is fitted to, at ratio 0.5, tile 4: one Flux double
+and one single block (their mean; the double builds the plan), text T joining the attention; one
+SDXL BasicTransformerBlock at the level's width (cross-attention text not counted); and 57 Flux
+blocks at 1024 px, every one merged. CPU, one thread (see the module docstring)."""
 
-MOVE = 3900.0
+MOVE = 1000.0
 """Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
-(memory-bound); calibrated on real-width Flux blocks, see the module docstring."""
+(memory-bound); fitted to CALIBRATION."""
 
 PLAN_MOVES = 1.0
 """A call's plan costs this many MOVE passes over its image tokens, once per call."""
