@@ -8,8 +8,8 @@ Lifetimes:
   empty holder, so `ModelPatcher.clone()` never copies plans or counters into another clone.
 - `CallContext` lives for one model call. The APPLY_MODEL wrapper builds it eagerly (step, merge
   on/off, epoch, token grid, text length, batch composition) and puts it at
-  transformer_options[CALL_KEY] and on a module-level fallback stack for the duration of the call.
-  APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model`
+  transformer_options[CALL_KEY] and on this thread's fallback stack (a ContextVar) for the duration
+  of the call. APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model`
   (DIFFUSION_MODEL wrappers included) and installs it from an APPLY_MODEL wrapper, so decisions
   made here stay eager and the blocks see only a ready context.
 
@@ -28,8 +28,10 @@ a kind (empty, or the same keys): no recompile per step or per run.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,28 +183,35 @@ class CallContext:
             self.state.stats.unmerged_blocks[reason or "unknown"] += 1
 
 
-_ACTIVE: list[CallContext] = []
-"""Contexts of the model calls in progress (innermost last): the fallback for block hooks called
-without transformer_options (TeaCache/MagCache-style forward loops)."""
+_CALLS: ContextVar[tuple[CallContext, ...]] = ContextVar("comfyui_toma_calls", default=())
+"""Contexts of the model calls in progress in this thread or task (innermost last): the fallback for
+block hooks called without transformer_options (TeaCache/MagCache-style forward loops). A
+ContextVar, so two samplers in two threads never see each other's calls."""
 
-_ORPHANS = Counter()
-"""Block runs that found no CallContext at all, by reason (read as a difference per run)."""
+_RUN_ORPHANS: ContextVar[Counter | None] = ContextVar("comfyui_toma_run_orphans", default=None)
+"""The running sampling run's count of block runs that found no CallContext, by reason."""
+
+_OPEN = Counter()
+"""Scopes open now in every thread ("runs", "calls"): bookkeeping for `live_state` only."""
+_OPEN_LOCK = threading.Lock()
 
 
 def find_call(args: dict, extra: dict | None = None) -> CallContext | None:
     """The CallContext of the running model call: from args["transformer_options"], then
-    extra["transformer_options"], then the fallback stack; None when there is none."""
+    extra["transformer_options"], then this thread's fallback stack; None when there is none."""
     for source in (args, extra or {}):
         options = source.get("transformer_options")
         if isinstance(options, dict) and isinstance(options.get(CALL_KEY), CallContext):
             return options[CALL_KEY]
-    return _ACTIVE[-1] if _ACTIVE else None
+    calls = _CALLS.get()
+    return calls[-1] if calls else None
 
 
 def note_orphan(reason: str) -> None:
-    """Count a block run that had to run unmerged because no call context was found."""
-    if not compiling():
-        _ORPHANS[reason] += 1
+    """Count a block run of this thread's sampling run that found no call context (none outside a run)."""
+    orphans = _RUN_ORPHANS.get()
+    if orphans is not None and not compiling():
+        orphans[reason] += 1
 
 
 def compiling() -> bool:
@@ -212,15 +221,52 @@ def compiling() -> bool:
 
 
 def orphan_count() -> int:
-    """Block runs so far that found no call context (read as a difference per run)."""
-    return sum(_ORPHANS.values())
+    """Block runs of this thread's sampling run so far that found no call context (0 outside a run)."""
+    orphans = _RUN_ORPHANS.get()
+    return sum(orphans.values()) if orphans is not None else 0
 
 
-def enter_call(ctx: CallContext) -> None:
-    """Make `ctx` the fallback context for the duration of its model call (see leave_call)."""
-    _ACTIVE.append(ctx)
+def enter_run() -> Token:
+    """Start this thread's orphan count for a sampling run; pass the token to leave_run in `finally`."""
+    _opened("runs", 1)
+    return _RUN_ORPHANS.set(Counter())
 
 
-def leave_call() -> None:
-    """End the innermost model call begun with enter_call."""
-    _ACTIVE.pop()
+def leave_run(token: Token) -> int:
+    """End the run begun with enter_run (on every exit path); returns its orphan block runs."""
+    orphans = orphan_count()
+    _RUN_ORPHANS.reset(token)
+    _opened("runs", -1)
+    return orphans
+
+
+def enter_call(ctx: CallContext) -> Token:
+    """Make `ctx` this thread's fallback context for its model call; pass the token to leave_call."""
+    _opened("calls", 1)
+    return _CALLS.set((*_CALLS.get(), ctx))
+
+
+def leave_call(token: Token) -> None:
+    """End the model call begun with enter_call (in `finally`)."""
+    _CALLS.reset(token)
+    _opened("calls", -1)
+
+
+def _opened(kind: str, delta: int) -> None:
+    with _OPEN_LOCK:
+        _OPEN[kind] += delta
+
+
+def live_state() -> dict[str, int]:
+    """What ToMA's runtime holds now: 0 everywhere when no sampling run is in progress.
+
+    runs / calls: sampling runs and model calls inside ToMA's wrappers, in every thread (readable
+    from any thread, e.g. a server route). thread_runs / thread_calls: the same for the caller's
+    own thread or context (its orphan counter, 0 or 1, and its fallback stack depth).
+    """
+    with _OPEN_LOCK:
+        runs, calls = _OPEN["runs"], _OPEN["calls"]
+    return {
+        "runs": runs, "calls": calls,
+        "thread_runs": int(_RUN_ORPHANS.get() is not None), "thread_calls": len(_CALLS.get()),
+    }

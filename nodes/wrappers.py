@@ -22,7 +22,7 @@ from .call_timing import measure_gain, warn_if_slower
 from .contract import CallGeometry
 from .report import bypassed, format_report, schedule_warning
 from .runtime import (
-    TORCH_COMPILE_KWARGS, CallContext, RunState, compiling, enter_call, leave_call, orphan_count,
+    TORCH_COMPILE_KWARGS, CallContext, RunState, compiling, enter_call, enter_run, leave_call, leave_run, orphan_count,
 )
 from .settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
 
@@ -41,8 +41,8 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     import comfy.model_patcher
 
     original = guider.model_options
-    orphans_before = orphan_count()
     state = template.fresh()
+    run = enter_run()
     try:
         guider.model_options = comfy.model_patcher.create_model_options_clone(original)
         guider.model_options["transformer_options"][TOMA_KEY] = state
@@ -54,8 +54,8 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         state.stats.failed = True  # a run that died (e.g. another node's crash) is no bypass
         raise
     finally:
+        orphans = leave_run(run)
         guider.model_options = original
-        orphans = orphan_count() - orphans_before
         gain = None if state.stats.failed else measure_gain(state.timer.calls(), state.predicted_speedup)
         log.info(format_report(state.config, state.stats, orphans, gain))
         _warn_bypass(state, orphans)
@@ -82,12 +82,12 @@ def apply_model_wrapper(executor, *args, **kwargs):
     options[CALL_KEY] = ctx
     put_back(options)
     hooked = _hooked_blocks(state)
-    enter_call(ctx)
     start = state.timer.start(x)
+    call = enter_call(ctx)  # nothing may raise between here and `try`: leave_call must run
     try:
         out = executor(*args, **kwargs)
     finally:
-        leave_call()
+        leave_call(call)
         state.keep_plans(ctx)
     if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
         _count_idle_call(state, ctx)  # a step cache's skip: its time is no model call's, so it is not timed

@@ -156,11 +156,12 @@ def test_find_call_order():
     assert runtime.find_call({"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
     assert runtime.find_call({}, {"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
     assert runtime.find_call({}) is None
-    runtime._ACTIVE.append(ctx)
+    token = runtime.enter_call(ctx)
     try:
         assert runtime.find_call({"transformer_options": {}}) is ctx
     finally:
-        runtime._ACTIVE.pop()
+        runtime.leave_call(token)
+    assert runtime.find_call({}) is None and not any(runtime.live_state().values())
 
 
 def test_merge_rows_gives_destination_rows_and_keeps_text():
