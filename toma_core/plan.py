@@ -7,6 +7,8 @@ batched matmuls over tiles: (B, G, k, n) @ (B, G, n, C); no sort, no scatter.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .facility import facility_location, greedy_with_gains
@@ -194,12 +196,20 @@ def check_plan_args(height: int, width: int, ratio: float, tile_size: int, tempe
     """Reject illegal plan settings with a ValueError that names the value and the allowed range."""
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"ratio={ratio} is outside [0, 1): it is the share of tokens merged away")
-    if int(tile_size) != tile_size or tile_size < 1:
+    if not whole(tile_size, 1):
         raise ValueError(f"tile_size={tile_size} must be an integer >= 1 (tokens per tile side)")
-    if height < 1 or width < 1:
-        raise ValueError(f"grid {height}x{width} is empty; height and width must be >= 1")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = hard nearest-destination assignment)")
+    if not (whole(height, 1) and whole(width, 1)):
+        raise ValueError(f"grid {height}x{width} is empty; height and width must be integers >= 1")
+    if not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature={temperature} must be >= 0 and finite (0 = hard nearest-destination assignment)")
+
+
+def whole(value: object, low: int) -> bool:
+    """True for an integer (int, SymInt under torch.compile, numpy int) or a float without fraction
+    that is >= low; never for NaN, inf, a bool or a non-number."""
+    if isinstance(value, float):
+        return math.isfinite(value) and value.is_integer() and value >= low
+    return not isinstance(value, bool) and hasattr(value, "__index__") and value >= low
 
 
 def assignment(dst_sim: torch.Tensor, slot_valid: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -209,7 +219,11 @@ def assignment(dst_sim: torch.Tensor, slot_valid: torch.Tensor, temperature: flo
         best = logits.argmax(dim=-2, keepdim=True)
         slots = torch.arange(logits.shape[-2], device=logits.device).view(-1, 1)
         return (slots == best).float()
-    return torch.softmax(logits / temperature, dim=-2)
+    # A tiny temperature (1e-300 is legal) must not give NaN: shifted by each token's best
+    # destination, logits / temperature cannot overflow to +inf, and the temperature is clamped
+    # to the smallest normal float of the logits' dtype, which it would otherwise round to 0.
+    shifted = logits - logits.amax(dim=-2, keepdim=True)
+    return torch.softmax(shifted / max(temperature, torch.finfo(logits.dtype).tiny), dim=-2)
 
 
 def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.Tensor) -> torch.Tensor:
@@ -272,7 +286,7 @@ def make_plan(
         raise ValueError(f"budget={budget!r} is not supported; use one of {', '.join(BUDGETS)}")
     if unmerge not in UNMERGES:
         raise ValueError(f"unmerge={unmerge!r} is not supported; use one of {', '.join(UNMERGES)}")
-    if int(frames) != frames or frames < 1 or int(tile_frames) != tile_frames or tile_frames < 1:
+    if not (whole(frames, 1) and whole(tile_frames, 1)):
         raise ValueError(f"frames={frames} and tile_frames={tile_frames} must be integers >= 1")
     grid = TileGrid(height, width, int(tile_size), float(ratio), frames=int(frames), tile_frames=int(tile_frames))
     if features.dim() != 3 or features.shape[1] != grid.num_tokens:

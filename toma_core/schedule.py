@@ -73,8 +73,8 @@ class MergeSchedule:
     def __post_init__(self) -> None:
         for name in ("start_percent", "end_percent"):
             value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}={value} is outside [0, 1] (a fraction of the sampling run)")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value!r} is outside [0, 1] (a fraction of the sampling run)")
         for name in ("recompute_every", "merge_every"):
             object.__setattr__(self, name, _whole_steps(name, getattr(self, name)))
 

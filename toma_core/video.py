@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .plan import MergePlan, make_plan
+from .plan import MergePlan, check_plan_args, make_plan, whole
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,8 @@ def make_video_plan(
     pass-through segments keep every token. ratio, tile_size, similarity, temperature, budget and
     unmerge as in make_plan.
     """
+    check_segments(segments)
+    check_plan_args(height, width, ratio, tile_size, temperature)
     per_frame = height * width
     total = sum(s.frames for s in segments) * per_frame
     if features.dim() != 3 or features.shape[1] != total:
@@ -166,6 +168,17 @@ def make_video_plan(
         parts.append(part)
         counts = _frame_counts(counts, part, segment, per_frame, budget)
     return SegmentPlan(parts, counts)
+
+
+def check_segments(segments: list[Segment]) -> None:
+    """Reject an empty segment list or a segment without whole frames >= 1 (pass-through ones too)."""
+    if not segments:
+        raise ValueError("segments=[] is empty: a video plan needs at least one segment of frames")
+    for segment in segments:
+        if not (whole(segment.frames, 1) and whole(segment.tile_frames, 1)):
+            raise ValueError(
+                f"{segment}: frames={segment.frames} and tile_frames={segment.tile_frames} must be integers >= 1"
+            )
 
 
 def _segment_plan(features: torch.Tensor, segment: Segment, height: int, width: int, ratio: float,
