@@ -424,3 +424,25 @@ def test_frame_runs_cover_the_frames_where_values_agree(values: list[list[float]
         assert runs[0] == (0, 1)
     for (a, n), (b, _) in zip(runs, runs[1:]):  # a cut is where some sample's value changes
         assert any(v[b - 1] != v[b] for v in values) or (separate_first and b == 1)
+
+
+@settings(max_examples=FEW)
+@given(GRID, st.integers(2, 6), st.integers(0, 10**6), st.sampled_from(SIMILARITIES), st.sampled_from(BUDGETS),
+       st.sampled_from(["bfloat16", "float16"]))
+def test_plans_from_half_precision_features_are_fp32(
+    grid: tuple[int, int], tile: int, seed: int, similarity: str, budget: str, dtype: str,
+) -> None:
+    """Similarity, destination choice and softmax run in fp32 whatever the features' dtype: a plan
+    from bf16 / fp16 features is the plan of the same values in fp32; only merge/unmerge run in the
+    tokens' dtype (finite, as exact as that dtype)."""
+    height, width = grid
+    low = random_features(2, height * width, 8, seed, False).to(getattr(torch, dtype))
+    plan = make_plan(low, height, width, 0.5, tile, similarity=similarity, budget=budget)
+    reference = make_plan(low.float(), height, width, 0.5, tile, similarity=similarity, budget=budget)
+    if not hasattr(plan, "assign"):
+        return
+    assert plan.assign.dtype == plan.merge_matrix.dtype == torch.float32
+    assert torch.equal(plan.assign, reference.assign) and torch.equal(plan.dst_index, reference.dst_index)
+    merged = plan.merge(low)
+    assert merged.dtype == low.dtype and torch.isfinite(merged).all()
+    assert torch.allclose(merged.float(), reference.merge(low.float()), rtol=1e-2, atol=1e-2)

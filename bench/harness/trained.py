@@ -264,14 +264,14 @@ def decode(family: str, latent: torch.Tensor) -> torch.Tensor:
     return from_model_space(family, _latent_format(family).process_in(latent.float())).clamp(0, 1)
 
 
-def build_model(family: str) -> Any:
-    """The family's ComfyUI BaseModel (fp32, CPU) with uninitialised weights."""
+def build_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The family's ComfyUI BaseModel (CPU, weights and compute in `dtype`) with uninitialised weights."""
     import comfy.supported_models
 
     s = spec(family)
     model_config = getattr(comfy.supported_models, s.config_class)(dict(s.unet_config))
     model_config.unet_config.update(s.unet_config)  # BASE.__init__ overlays unet_extra_config
-    model_config.set_inference_dtype(torch.float32, None)
+    model_config.set_inference_dtype(dtype, None)
     return model_config.get_model({})
 
 
@@ -294,14 +294,14 @@ def _read_fixture(family: str) -> dict[str, torch.Tensor]:
     return load_file(str(weights_path(family)))
 
 
-def load_model(family: str) -> Any:
-    """The family's ComfyUI model in a ModelPatcher: trained weights (fp32, CPU), or seeded random
-    weights when fixtures/<family>.safetensors is missing."""
+def load_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The family's ComfyUI model in a ModelPatcher: trained weights (CPU; stored fp16, run in
+    `dtype`, fp32 by default), or seeded random weights when fixtures/<family>.safetensors is missing."""
     import comfy.model_patcher
 
-    model = build_model(family)
+    model = build_model(family, dtype)
     if weights_path(family).is_file():
-        state = {k: v.float() for k, v in _read_fixture(family).items() if not k.startswith(COND_PREFIX)}
+        state = {k: v.to(dtype) for k, v in _read_fixture(family).items() if not k.startswith(COND_PREFIX)}
         model.diffusion_model.load_state_dict(state, strict=True)
     else:
         log.warning("%s missing: %s has random weights", weights_path(family), family)
