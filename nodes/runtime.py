@@ -8,10 +8,13 @@ Lifetimes:
   empty holder, so `ModelPatcher.clone()` never copies plans or counters into another clone.
 - `CallContext` lives for one model call. The APPLY_MODEL wrapper builds it eagerly (step, merge
   on/off, epoch, token grid, text length, batch composition) and puts it at
-  transformer_options[CALL_KEY] and on this thread's fallback stack (a ContextVar) for the duration
-  of the call. APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model`
-  (DIFFUSION_MODEL wrappers included) and installs it from an APPLY_MODEL wrapper, so decisions
-  made here stay eager and the blocks see only a ready context.
+  transformer_options[CALL_KEY] and on this thread's fallback stack (a ContextVar) for the
+  duration of the call. APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles
+  `diffusion_model` (DIFFUSION_MODEL wrappers included) and installs it from an APPLY_MODEL
+  wrapper, so decisions made here stay eager and the blocks see only a ready context.
+- The fallback stack and the run's orphan counter are ContextVars set by the wrappers and reset
+  in their `finally` (also on an interrupt or an error): nothing outlives a call or a run, and
+  samplers in other threads never see them. `live_state` reports what is open now.
 
 Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
 grid (`ctx.plan(...)`, built once per key and reused) and report what they did

@@ -108,7 +108,8 @@ def test_two_samplers_in_two_threads_keep_their_own_settings(
 
 
 def test_interrupt_mid_run_leaves_nothing(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """ComfyUI's cancel: the sampler callback raises InterruptProcessingException after step 1."""
+    """ComfyUI's cancel: InterruptProcessingException raised from the sampler's step callback after
+    step 1, where the server's progress hook (comfy.utils.PROGRESS_BAR_HOOK) raises it."""
     import comfy.model_management
 
     def cancel(i: int, *_: Any) -> None:
