@@ -123,7 +123,7 @@ def test_unet_block_lists_accept_or_name_the_value(spec: str) -> None:
 GOOD = {
     "ratio": st.floats(*settings_mod.RATIO_RANGE),
     "tile_size": st.integers(*settings_mod.TILE_SIZE_RANGE),
-    "min_tokens": st.integers(*settings_mod.MIN_TOKENS_RANGE),
+    "min_tokens": st.one_of(st.integers(*settings_mod.MIN_TOKENS_RANGE), st.sampled_from(["auto", "AUTO"])),
     "temperature": st.floats(*settings_mod.TEMPERATURE_RANGE),
     "tile_frames": st.integers(*settings_mod.TILE_FRAMES_RANGE),
     "similarity": st.sampled_from(SIMILARITIES),
