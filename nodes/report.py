@@ -1,7 +1,7 @@
 """The one-line summary of a sampling run: what ToMA merged, what ran unmerged and why, whether it
-was bypassed, and what it gained (call_timing.py); and the warning for a schedule that merges
-(almost) none of a run's steps. RunStats is filled eagerly by the wrappers (wrappers.py) and the
-block hooks (CallContext.record_block)."""
+was bypassed, cancelled or stopped by an error, and what it gained (call_timing.py); and the
+warning for a schedule that merges (almost) none of a run's steps. RunStats is filled eagerly by
+the wrappers (wrappers.py) and the block hooks (CallContext.record_block)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ class RunStats:
     """The model ran under torch.compile: blocks cannot count, so no per-block accounting."""
     failed: bool = False
     """The sampling run raised: its counts are partial, and a missing block run proves no bypass."""
+    cancelled: bool = False
+    """The sampling run was stopped by the user (ComfyUI's interrupt): failed, and said so."""
     planned_steps: int = 0
     """Steps of the run's schedule that the sigma window and merge_every make merge steps."""
 
@@ -61,7 +63,9 @@ def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain:
     if orphan_blocks:
         unmerged.append(f"{orphan_blocks} block runs without transformer_options")
     parts.append("unmerged: " + (", ".join(unmerged) if unmerged else "none"))
-    if stats.failed:
+    if stats.cancelled:
+        parts.append("the sampling run was cancelled; counts are partial")
+    elif stats.failed:
         parts.append("the sampling run stopped with an error; counts are partial")
     elif stats.compiled:
         parts.append("torch.compile: block runs are not counted")

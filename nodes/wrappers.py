@@ -38,6 +38,7 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     template = guider.model_options.get("transformer_options", {}).get(TOMA_KEY)
     if not isinstance(template, RunState):
         return executor(*args, **kwargs)
+    import comfy.model_management
     import comfy.model_patcher
 
     original = guider.model_options
@@ -50,8 +51,9 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         sampling = guider.model_patcher.get_model_object("model_sampling")
         state.begin_run(sampling.percent_to_sigma, args[3] if len(args) > 3 else kwargs.get("sigmas"))
         return executor(*args, **kwargs)
-    except BaseException:
+    except BaseException as error:
         state.stats.failed = True  # a run that died (e.g. another node's crash) is no bypass
+        state.stats.cancelled = isinstance(error, comfy.model_management.InterruptProcessingException)
         raise
     finally:
         orphans = leave_run(run)

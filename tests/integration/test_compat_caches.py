@@ -224,6 +224,24 @@ def test_run_that_raises_is_not_reported_as_a_bypass(tiny_flux: Any, tiny: Any, 
     assert "stopped with an error" in line and "bypassed" not in line
 
 
+def test_cancelled_run_is_reported_as_cancelled(tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """A run the user cancels (ComfyUI's /interrupt: the flag is checked in the step callback,
+    as main.py's progress hook does) says so: not "bypassed", not an error; merged step 0 only."""
+    import comfy.model_management as mm
+
+    mm.interrupt_current_processing(True)
+    try:
+        with pytest.raises(mm.InterruptProcessingException):
+            tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=4, callback=lambda *_: mm.throw_exception_if_processing_interrupted())
+    finally:
+        mm.interrupt_current_processing(False)
+    assert warnings_of(logs) == []
+    line = run_lines(logs)[-1]
+    assert "the sampling run was cancelled" in line, line
+    assert "bypassed" not in line and "error" not in line, line
+    assert "merged 1/4 steps" in line, line
+
+
 def test_not_a_native_flux_module_is_refused(tiny_flux: Any, toma: Toma) -> None:
     """Nunchaku-style: the diffusion model swapped for a wrapper that only looks like Flux."""
 
