@@ -105,3 +105,18 @@ def live_server(comfy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield server
     finally:
         live_comfy.stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def live_models(live_server: Any) -> Iterator[dict[str, str]]:
+    """The live tests' model files (live_prompts.FILES) in the server's models folder; name in
+    the loaders' lists by key. Deleted afterwards (2 GB; pytest keeps its last temporary folders)."""
+    import live_prompts
+
+    paths = [live_server.models / relative for relative in live_prompts.FILES.values()]
+    try:
+        live_prompts.make_model_files(live_server.models)
+        yield {key: path.name for key, path in zip(live_prompts.FILES, paths)}
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)

@@ -85,10 +85,11 @@ def server_command(port: int, base: Path) -> list[str]:
     ]
 
 
-def start_server(comfy_root: Path, base: Path) -> LiveServer:
+def start_server(comfy_root: Path, base: Path, env: dict[str, str] | None = None) -> LiveServer:
+    """Start ``main.py`` (not waiting for it); ``env`` adds to or overrides its environment."""
     port = free_port()
     log_path = base / "server.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": SERVER_THREADS}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": SERVER_THREADS, **(env or {})}
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             server_command(port, base), cwd=comfy_root, stdout=log_file, stderr=subprocess.STDOUT,
@@ -149,7 +150,7 @@ def post_json(url: str, body: Any) -> tuple[int, Any]:
     )
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:
-            return answer.status, json.loads(answer.read())
+            return answer.status, json.loads(answer.read() or b"null")  # /free and /interrupt answer no body
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"null")
 
@@ -188,7 +189,12 @@ def run_prompt(server: LiveServer, prompt: dict[str, Any], timeout_s: float = RU
     start = time.monotonic()
     status, answer = queue(server, prompt)
     assert status == 200, f"/prompt refused the prompt ({status}): {answer}"
-    prompt_id = answer["prompt_id"]
+    return wait_for_run(server, answer["prompt_id"], log_start, start, timeout_s)
+
+
+def wait_for_run(server: LiveServer, prompt_id: str, log_start: int, start: float, timeout_s: float = RUN_TIMEOUT_S) -> Run:
+    """The queued prompt's Run once /history has it finished (success or error), with the server
+    log from ``log_start`` (characters) on; ``start`` is when it was queued (time.monotonic)."""
     while time.monotonic() - start < timeout_s:
         if server.process.poll() is not None:
             raise AssertionError(f"ComfyUI exited with code {server.process.returncode}:\n{server.log_tail()}")

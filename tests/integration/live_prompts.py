@@ -1,0 +1,136 @@
+"""The shipped example workflows as CPU-sized API prompts on test-made model files, shared by the
+live workflow test and the soak test (test_live_workflows.py, test_live_soak.py).
+
+Each ``example_workflows/*.json`` is converted from the frontend's format to an API prompt by
+``workflow_api.ui_to_api`` (driven by the server's ``/object_info``), then changed only where a
+CPU test must:
+
+- model file names: files made at test time in ComfyUI's real formats (``model_files.py``, random
+  weights, never downloaded) in the server's models folder: a full-width Flux-dev with 1 double +
+  1 single block for ``UNETLoader``, a TAESD-layout VAE for ``VAELoader``, an SD1.5-class
+  checkpoint (320 channels, 2 levels) for ``CheckpointLoaderSimple`` (SDXL's layout cannot shrink);
+- the text-encoder loader where the real one cannot be made small: ``DualCLIPLoader`` (CLIP-L +
+  T5-XXL) becomes ``CLIPLoader(type="sd3")`` with a CLIP-L, which pads to Flux's 4096 channels;
+- size and length: 256x256 images, 128x128 videos of 5 frames, ``STEPS`` sampler steps, and
+  ``start_percent`` 0 on the ToMA node, because with 2 steps the shipped 0.75 window holds no step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import workflow_api as wa
+from live_comfy import PACK_ROOT
+
+EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
+SIZE = 256
+VIDEO_SIZE, VIDEO_FRAMES = 128, 5
+LATENT_FRAMES = 1 + (VIDEO_FRAMES - 1) // 4
+"""Wan's VAE: the first frame, then one latent frame per 4."""
+STEPS = 2
+LATENT_FACTOR = 8
+PATCH = 2
+"""Flux's and Wan's 2x2 patches (a token per 16x16 pixels)."""
+FILES = {
+    "flux": "diffusion_models/toma_test_flux_1x1.safetensors",
+    "wan_high": "diffusion_models/toma_test_wan_high.safetensors",
+    "wan_low": "diffusion_models/toma_test_wan_low.safetensors",
+    "clip_l": "text_encoders/toma_test_clip_l.safetensors",
+    "taef1": "vae/toma_test_taef1.safetensors",
+    "wan_vae": "vae/toma_test_wan_2.1_vae.safetensors",
+    "sd15": "checkpoints/toma_test_sd15_2level.safetensors",
+}
+SWAPS = {
+    "flux1-dev.safetensors": "flux",
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "wan_high",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": "wan_low",
+    "ae.safetensors": "taef1",
+    "wan_2.1_vae.safetensors": "wan_vae",
+    "sd_xl_base_1.0.safetensors": "sd15",
+}
+"""Shipped model file name -> this test's file (a name missing here fails the test: a new
+workflow needs its file made too)."""
+LOADERS = {"UNETLoader": "unet_name", "VAELoader": "vae_name", "CheckpointLoaderSimple": "ckpt_name"}
+TEXT_LOADERS = ("DualCLIPLoader", "CLIPLoader")
+"""T5-XXL and umT5-XXL cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to 4096."""
+TOMA_NODES = ("ToMAPatch", "ToMAPatchAdvanced")
+TOKEN_PATTERN = re.compile(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)")
+FAMILIES = {"flux": "flux", "wan_high": "wan", "wan_low": "wan", "sd15": "unet"}
+"""Model file key -> the family name ToMA's run line gives ("ToMA [flux]: ...")."""
+
+
+def make_model_files(models: Path) -> list[Path]:
+    """Write every file of FILES under ``models`` (a server's models folder); their paths."""
+    from bench.harness import model_files
+
+    makers = {
+        "flux": model_files.flux_unet, "wan_high": lambda p: model_files.wan_unet(p, seed=0),
+        "wan_low": lambda p: model_files.wan_unet(p, seed=1), "clip_l": model_files.clip_l,
+        "taef1": model_files.taesd_vae, "wan_vae": model_files.wan_vae, "sd15": model_files.sd15_checkpoint,
+    }
+    paths = [models / relative for relative in FILES.values()]
+    for key, path in zip(FILES, paths):
+        makers[key](path)
+    return paths
+
+
+def with_steps(node: dict[str, Any], steps: int) -> None:
+    """KSamplerAdvanced: ``steps`` steps, its start/end steps scaled alike (Wan 2.2's expert split)."""
+    inputs = node["inputs"]
+    total = inputs["steps"]
+    for name in ("start_at_step", "end_at_step"):
+        if inputs[name] < total:
+            inputs[name] = round(inputs[name] * steps / total)
+    inputs["steps"] = steps
+
+
+def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str], name: str) -> wa.Prompt:
+    """The shipped prompt with this test's model files, text-encoder loader, size and length."""
+    prompt = wa.set_inputs(prompt, "ToMAPatch", start_percent=0.0)  # 2 steps: the 0.75 window holds none
+    for node in prompt.values():
+        if node["class_type"] in LOADERS:
+            key = LOADERS[node["class_type"]]
+            node["inputs"][key] = files[SWAPS[node["inputs"][key]]]
+        elif node["class_type"] == "KSamplerAdvanced":
+            with_steps(node, STEPS)
+    for node_id in [i for c in TEXT_LOADERS for i in wa.nodes_of(prompt, c)]:
+        prompt = wa.replace_node(prompt, node_id, wa.api_node(object_info, "CLIPLoader", clip_name=files["clip_l"], type="sd3"))
+    prompt = wa.set_inputs(prompt, "EmptyLatentImage", width=SIZE, height=SIZE)
+    prompt = wa.set_inputs(prompt, "EmptyHunyuanLatentVideo", width=VIDEO_SIZE, height=VIDEO_SIZE, length=VIDEO_FRAMES)
+    prompt = wa.set_inputs(prompt, "KSampler", steps=STEPS)
+    prompt = wa.set_inputs(prompt, "SaveVideo", filename_prefix=f"toma_test_{name}")
+    return wa.set_inputs(prompt, "SaveImage", filename_prefix=f"toma_test_{name}")
+
+
+def shipped_prompts(object_info: dict[str, Any], files: dict[str, str]) -> dict[str, wa.Prompt]:
+    """Every example workflow as its CPU prompt, by file stem ("flux_toma", ...)."""
+    return {
+        path.stem: for_cpu(wa.ui_to_api(json.loads(path.read_text(encoding="utf-8")), object_info), object_info, files, path.stem)
+        for path in EXAMPLES
+    }
+
+
+def family_of_workflow(prompt: wa.Prompt) -> str:
+    """The model family of the prompt's diffusion-model files."""
+    keys = {Path(relative).name: key for key, relative in FILES.items()}
+    names = [node["inputs"][LOADERS[node["class_type"]]] for node in prompt.values() if node["class_type"] in LOADERS]
+    (family,) = {FAMILIES[keys[name]] for name in names if keys[name] in FAMILIES}
+    return family
+
+
+def expected_grids(family: str, size: int = SIZE, video_size: int = VIDEO_SIZE) -> set[tuple[int, int]]:
+    """Token grids of square images of ``size`` and videos of ``video_size`` pixels: Flux's and
+    Wan's 2x2 patches (per frame for Wan); a 2-level UNet's two levels."""
+    if family == "flux":
+        return {(size // LATENT_FACTOR // PATCH,) * 2}
+    if family == "wan":
+        return {(video_size // LATENT_FACTOR // PATCH,) * 2}
+    side = size // LATENT_FACTOR
+    return {(side, side), (side // 2, side // 2)}
+
+
+def toma_ids(prompt: wa.Prompt) -> list[str]:
+    return [node_id for kind in TOMA_NODES for node_id in wa.nodes_of(prompt, kind)]

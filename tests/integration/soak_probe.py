@@ -1,0 +1,51 @@
+"""A test-only custom node: ``GET /toma_soak/state`` answers what the server process holds now.
+
+Installed only into the soak test's own server (test_live_soak.py links it into that server's
+custom_nodes/ beside the pack); the pack itself registers no route. The answer, as JSON:
+
+- ``runtime``: ToMA's runtime state (``nodes.runtime.live_state()``: sampling runs and model calls
+  open in ToMA's wrappers, and the fallback stack and orphan counter of the route's own thread);
+- ``call_contexts`` / ``run_states`` (with ``?holders=1``): ToMA per-call and per-run holders still
+  alive in the process, after ``gc.collect()``; then glibc's ``malloc_trim(0)`` hands the heap's
+  free pages back to the system, so that the resident memory read next counts live memory, not
+  what the allocator keeps for reuse;
+- ``loaded_models``: models in ComfyUI's ``comfy.model_management.current_loaded_models``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+
+import comfy.model_management
+from aiohttp import web
+from server import PromptServer
+
+NODE_CLASS_MAPPINGS: dict = {}
+
+
+def _runtime():
+    """The pack's nodes.runtime module as ComfyUI imported it ("ComfyUI-ToMA.nodes.runtime")."""
+    return next(module for name, module in sys.modules.items() if name.endswith(".nodes.runtime") and hasattr(module, "RunState"))
+
+
+def _live_state(runtime) -> dict[str, int]:
+    """runtime.live_state(); before it existed, the fallback stack's depth and the orphan count."""
+    if hasattr(runtime, "live_state"):
+        return runtime.live_state()
+    return {"calls": len(runtime._ACTIVE), "orphans": runtime.orphan_count()}
+
+
+@PromptServer.instance.routes.get("/toma_soak/state")
+async def soak_state(request: web.Request) -> web.Response:
+    runtime = _runtime()
+    state = {"runtime": _live_state(runtime), "loaded_models": len(comfy.model_management.current_loaded_models)}
+    if request.query.get("holders"):
+        gc.collect()
+        alive = gc.get_objects()
+        state["call_contexts"] = sum(isinstance(o, runtime.CallContext) for o in alive)
+        state["run_states"] = sum(isinstance(o, runtime.RunState) for o in alive)
+        del alive
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return web.json_response(state)
