@@ -1,13 +1,14 @@
 """A soak on a live ComfyUI server, as users run one for days (issue 21 point 1).
 
-One server (``main.py --cpu``, started as the other live tests start theirs: live_comfy.py) gets
-``PROMPTS`` prompts through ``/prompt`` on the tiny Flux, SD1.5-class and Wan model files of the
-live tests (live_prompts.py), in an order and with values drawn by ``random.Random(SEED)``:
+One server (``main.py --cpu``, started as the other live tests start theirs: live_comfy.py, with
+one torch thread) gets ``PROMPTS`` prompts through ``/prompt`` on the tiny Flux, SD1.5-class and
+Wan model files of the live tests (live_prompts.py: the shipped workflows, here at 64x64 pixels,
+the Wan one ending in SaveLatent), in an order and with values drawn by ``random.Random(SEED)``:
 
 - every ToMA widget drawn inside the range the server registered for it (``/object_info``, from
   nodes/toma_nodes.py and nodes/settings.py): half at its default, half at random; where a family
-  refuses a combination (scope "attention" or proportional attention on Wan, proportional attention
-  on the UNet) the draw keeps the default, so that only the planned errors are errors;
+  refuses a value (scope "attention" or proportional attention on Wan, proportional attention on
+  the UNet) the draw keeps the default, so that only the planned errors are errors;
 - ``CANCELS`` runs cancelled through ``/interrupt`` while their sampler runs (the Advanced node with
   verbose on: its first per-call line says sampling has begun);
 - ``REJECTS`` prompts with a widget out of its range or not among its options (``/prompt`` answers
@@ -17,17 +18,18 @@ live tests (live_prompts.py), in an order and with values drawn by ``random.Rand
   the next model family.
 
 After every prompt: ToMA's run lines say what the run did (family, settings, steps merged of the
-steps run, token counts; a cancelled sampler says "cancelled", never "bypassed" nor an error), and
-the log since the prompt has no traceback but the planned execution errors' own. After the soak,
-on the idle server after ``/free``: ToMA's runtime holds no open run or call, no per-call or per-run
-holder is alive, no model is loaded (soak_probe.py, a test-only custom node installed only into this
-server, reads the process state over HTTP); resident memory (VmRSS, /proc/<pid>/status) grew by
-less than ``RSS_GROWTH_BOUND`` from the same point after the warm-up; the whole log has exactly the
-planned tracebacks; and a plain ToMA prompt gives a bit-identical image to the same prompt on a
-freshly started server.
+steps run, token counts; a cancelled sampler says "cancelled", never "bypassed" nor an error), the
+log since the prompt has no traceback but a planned execution error's own, and ToMA's runtime has
+no open run or call. After the soak, on the idle server after ``/free``: still no open run or call,
+no ToMA per-call or per-run holder alive, no model loaded (soak_probe.py, a test-only custom node
+installed only into this server, reads the process's state over HTTP); resident memory (VmRSS,
+/proc/<pid>/status) grew by less than ``RSS_GROWTH_BOUND`` from the same point after the warm-up;
+the log since the start has exactly the planned tracebacks; and a plain ToMA prompt gives a
+bit-identical image to the same prompt on a freshly started server.
 
-Bounded (measured alone on the 2-core project machine: see the figures it logs): ``PROMPTS``
-prompts of 2 steps at 256x256 (video: 128x128, 5 frames), cancelled ones of ``CANCEL_STEPS``.
+Cost: about 120 CPU-seconds of the server for the 60 prompts (Flux's full-width blocks take most:
+~2 CPU-seconds a step), plus two server start-ups; the figures are logged at the end.
+``TOMA_SOAK_PROMPTS`` sets another number of prompts (a longer soak by hand).
 """
 
 from __future__ import annotations
