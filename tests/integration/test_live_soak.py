@@ -508,7 +508,7 @@ def test_soak_leaves_nothing_behind(comfy: Path, soak_server: LiveServer, live_s
     soak.figures.rss["after"] = rss_bytes(server)
     soak.figures.seconds = time.monotonic() - start
     soak.figures.server_cpu_seconds = cpu_seconds(server) - cpu_start
-    log.warning("soak figures: %s", soak.figures)
+    log.info("soak figures: %s", soak.figures)
     assert not any(state["runtime"].values()), f"ToMA's runtime holds state on the idle server: {state}"
     assert state["call_contexts"] == 0 and state["run_states"] == 0, f"ToMA holders alive after /free: {state}"
     growth = soak.figures.rss["after"]["VmRSS"] - soak.figures.rss["before"]["VmRSS"]
