@@ -143,6 +143,10 @@ def draw_value(rng: random.Random, name: str, kind: Any, options: dict[str, Any]
     """A value inside the registered range: integers log-uniform (the ranges span 1-1000 and more)."""
     if name == "blocks":
         return rng.choice(VALID_BLOCKS[family])
+    if name == "min_tokens":  # text: "auto" or a whole number of image tokens (nodes/settings.py)
+        settings = pack_module("nodes.settings")
+        low, high = settings.MIN_TOKENS_RANGE
+        return rng.choice((settings.AUTO, "0", str(draw_value(rng, name, "INT", {"min": low, "max": high}, family))))
     if isinstance(kind, list):
         return rng.choice(kind)
     if kind == "BOOLEAN":
@@ -241,7 +245,7 @@ def settings_of(widgets: dict[str, Any]) -> Any:
     schedule = core.MergeSchedule(
         float(widgets["start_percent"]), float(widgets["end_percent"]), widgets["recompute_every"], widgets["merge_every"],
     )
-    advanced = {k: v for k, v in widgets.items() if k not in basic}
+    advanced = {"min_tokens": settings.NODE_MIN_TOKENS} | {k: v for k, v in widgets.items() if k not in basic}
     return settings.ToMASettings(ratio=float(widgets["ratio"]), tile_size=int(widgets["tile_size"]), schedule=schedule, **advanced)
 
 
@@ -267,7 +271,7 @@ def check_line(line: str, family: str, widgets: dict[str, Any], steps: int, canc
     schedule = settings.schedule
     if schedule.end_percent <= schedule.start_percent:
         assert merged[1] == "0", line
-    elif not cancelled and (schedule.start_percent, schedule.end_percent, settings.min_tokens) == (0.0, 1.0, 0):
+    elif not cancelled and (schedule.start_percent, schedule.end_percent, settings.min_tokens) == (0.0, 1.0, 0) and settings.effective_ratio > 0:
         assert int(merged[1]) == -(-steps // schedule.merge_every), line  # the first step and every merge_every-th
     grids = TOKEN_PATTERN.findall(line)
     if merged[1] == "0":
@@ -475,9 +479,10 @@ def default_widgets(specs: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, A
 
 
 def plain_prompt(soak: Soak, family: str) -> wa.Prompt:
-    """The family's workflow with the basic node at its defaults from the first step, seed 0."""
-    widgets = default_widgets(soak.specs["ToMAPatch"]) | {"start_percent": 0.0}
-    return with_toma(soak.prompts[WORKFLOWS[family]], soak.object_info, "ToMAPatch", widgets, 2, 0)
+    """The family's workflow with the Advanced node at its defaults but merging from the first step
+    on every call (min_tokens 0: "auto" leaves these small models unmerged), seed 0."""
+    widgets = default_widgets(soak.specs["ToMAPatchAdvanced"]) | {"start_percent": 0.0, "min_tokens": "0"}
+    return with_toma(soak.prompts[WORKFLOWS[family]], soak.object_info, "ToMAPatchAdvanced", widgets, 2, 0)
 
 
 def image_of(server: LiveServer, prompt: wa.Prompt) -> Any:
