@@ -11,8 +11,7 @@ the Wan one ending in SaveLatent), in an order and with values drawn by ``random
   the UNet) the draw keeps the default, so that only the planned errors are errors;
 - ``CANCELS`` runs cancelled through ``/interrupt`` while their sampler runs (the Advanced node with
   verbose on: its first per-call line says sampling has begun);
-- ``REJECTS`` prompts with a widget out of its range or not among its options (``/prompt`` answers
-  400 naming it) and ``ERRORS`` with a block list the model does not have (an execution error of the
+- ``REJECTS`` prompts with a widget out of its range (``/prompt`` answers 400 naming it) and ``ERRORS`` with a block list the model does not have (an execution error of the
   ToMA node naming it);
 - ``FREES`` runs followed by ``/free`` (unload models, free memory) and ``SWITCHES`` by a switch to
   the next model family.
@@ -146,7 +145,7 @@ def draw_value(rng: random.Random, name: str, kind: Any, options: dict[str, Any]
     if name == "min_tokens":  # text: "auto" or a whole number of image tokens (nodes/settings.py)
         settings = pack_module("nodes.settings")
         low, high = settings.MIN_TOKENS_RANGE
-        return rng.choice((settings.AUTO, "0", str(draw_value(rng, name, "INT", {"min": low, "max": high}, family))))
+        return rng.choice((settings.AUTO, "0", str(draw_value(rng, "min_tokens count", "INT", {"min": low, "max": high}, family))))
     if isinstance(kind, list):
         return rng.choice(kind)
     if kind == "BOOLEAN":
@@ -173,11 +172,10 @@ def draw_widgets(rng: random.Random, specs: dict[str, tuple[Any, dict[str, Any]]
 
 
 def out_of_range(rng: random.Random, specs: dict[str, tuple[Any, dict[str, Any]]]) -> tuple[str, Any]:
-    """(widget, value) that /prompt must refuse: past a numeric bound, or not among a combo's options."""
-    name = rng.choice([n for n, (kind, options) in specs.items() if isinstance(kind, list) or "min" in options])
+    """(widget, value) that /prompt must refuse: past a numeric bound. (A value not among a V3
+    combo's options passes ComfyUI 0.3.64's validation: the node's settings refuse it when it runs.)"""
+    name = rng.choice([n for n, (kind, options) in specs.items() if "min" in options])
     kind, options = specs[name]
-    if isinstance(kind, list):
-        return name, "not_an_option"
     if "max" in options and rng.random() < 0.5:
         return name, options["max"] + (1 if kind == "INT" else 0.5)
     return name, options["min"] - (1 if kind == "INT" else 0.5)
