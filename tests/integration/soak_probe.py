@@ -27,20 +27,13 @@ NODE_CLASS_MAPPINGS: dict = {}
 
 def _runtime():
     """The pack's nodes.runtime module as ComfyUI imported it ("ComfyUI-ToMA.nodes.runtime")."""
-    return next(module for name, module in sys.modules.items() if name.endswith(".nodes.runtime") and hasattr(module, "RunState"))
-
-
-def _live_state(runtime) -> dict[str, int]:
-    """runtime.live_state(); before it existed, the fallback stack's depth and the orphan count."""
-    if hasattr(runtime, "live_state"):
-        return runtime.live_state()
-    return {"calls": len(runtime._ACTIVE), "orphans": runtime.orphan_count()}
+    return next(module for name, module in sys.modules.items() if name.endswith(".nodes.runtime") and hasattr(module, "live_state"))
 
 
 @PromptServer.instance.routes.get("/toma_soak/state")
 async def soak_state(request: web.Request) -> web.Response:
     runtime = _runtime()
-    state = {"runtime": _live_state(runtime), "loaded_models": len(comfy.model_management.current_loaded_models)}
+    state = {"runtime": runtime.live_state(), "loaded_models": len(comfy.model_management.current_loaded_models)}
     if request.query.get("holders"):
         gc.collect()
         alive = gc.get_objects()
