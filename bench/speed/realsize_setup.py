@@ -216,9 +216,9 @@ class BlockSite:
     level: int = 1
 
 
-def dit_kinds(name: str) -> dict[str, int]:
-    """Block count per timed kind of a DiT family, in execution order."""
-    dm = meta_patcher(name).get_model_object("diffusion_model")
+def dit_kinds(name: str, reduced: bool = False) -> dict[str, int]:
+    """Block count per timed kind of a DiT family (full-size or few-block), in execution order."""
+    dm = meta_patcher(name, reduced).get_model_object("diffusion_model")
     if hasattr(dm, "double_blocks"):
         return {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     if hasattr(dm, "joint_blocks"):
@@ -228,16 +228,17 @@ def dit_kinds(name: str) -> dict[str, int]:
     return {"double": len(dm.blocks)}
 
 
-def block_sites(name: str, blocks: str = "auto") -> list[BlockSite]:
-    """Every transformer block of the full-size model, with the pack's own selection for `blocks`
-    (dit_blocks.parse_dit_blocks with the adapter's stream names; unet_blocks for UNets)."""
+def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[BlockSite]:
+    """Every transformer block of the full-size (or the timed few-block) model, with the pack's own
+    selection for `blocks` (dit_blocks.parse_dit_blocks with the adapter's stream names; unet_blocks
+    for UNets)."""
     fam = family(name)
     if fam.unet:
-        sites = pack_module("nodes.families.unet_sites").find_sites(meta_patcher(name).get_model_object("diffusion_model"))
+        sites = pack_module("nodes.families.unet_sites").find_sites(meta_patcher(name, reduced).get_model_object("diffusion_model"))
         spec = pack_module("nodes.families.unet_blocks").parse_unet_blocks(blocks)
         return [BlockSite(f"unet{int(s.module.attn1.to_q.weight.shape[0])}", spec.selects(s.block, s.downsample), s.downsample)
                 for s in sites]
-    kinds = dit_kinds(name)
+    kinds = dit_kinds(name, reduced)
     parse = pack_module("nodes.families.dit_blocks").parse_dit_blocks
     if "joint" in kinds:
         total = kinds["joint"] + 1
