@@ -9,8 +9,8 @@ Criterion: among the settings whose predicted end-to-end speed-up (bench/speed/r
 unpatched image, mean over the Flux and SDXL fixtures and 5 seeds), with SSIM >= 0.95 on both.
 
 `quality` samples only what the table needs: per fixture and seed, the unpatched image and each
-candidate, through the quality bench's own node chains and sampler (bench/quality.py:
-build_variant, sample, image_metrics), untimed. Results are written after every seed. The margin
+candidate, through the quality bench's own node chains and sampler (
+build_variant, sample, image_metrics in bench/quality/quality.py), untimed. Results are written after every seed. The margin
 against fewer steps compares a setting's PSNR with the fewer-steps PSNR of the same fixture at
 the step count that gives the same PREDICTED speed-up (steps / speed-up), interpolated in the
 fewer-steps rows the quality run also samples (--steps-rows).
@@ -19,7 +19,6 @@ fewer-steps rows the quality run also samples (--steps-rows).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -53,16 +52,6 @@ STEP_FRACTIONS = (0.9, 0.8, 0.7, 0.6)
 """Fewer-steps rows sampled for the margin column (18, 16, 14, 12 of 20 steps)."""
 
 
-def quality_module() -> Any:
-    """bench/quality.py (the quality bench), loaded from its file."""
-    path = ROOT / "bench" / "quality.py"
-    spec = importlib.util.spec_from_file_location("toma_quality_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def row_of(s: model.Setting) -> dict[str, Any]:
     inputs = {"ratio": s.ratio, "tile_size": s.tile_size, "start_percent": s.start_percent, "end_percent": s.end_percent,
               "recompute_every": s.recompute_every, "merge_every": s.merge_every}
@@ -73,11 +62,13 @@ def row_of(s: model.Setting) -> dict[str, Any]:
 
 
 def cmd_quality(args: argparse.Namespace) -> None:
-    q = quality_module()
     import torch
 
+    from ..quality import quality as q
+    from . import realsize_setup as rs
+
     torch.set_num_threads(1)
-    q.bench_common.import_comfy(argparse.Namespace(attention="pytorch", device="cpu"))
+    rs.import_comfy()
     results: dict[str, Any] = {"command": " ".join(sys.argv), "seeds": list(range(args.seeds)), "families": {}}
     tap = q.LogTap()
     for name in args.families:

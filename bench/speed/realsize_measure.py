@@ -227,10 +227,18 @@ def patch_all(patcher: Any, ratio: float, tile_size: int) -> Any:
         patcher, settings.ToMASettings(ratio=ratio, tile_size=tile_size, blocks="all", schedule=schedule))
 
 
+def patch_model(patcher: Any, setting: Any) -> Any:
+    """`patcher` through the pack's patch_model at a realsize_model.Setting (scope block, min_tokens 0)."""
+    settings = rs.pack_module("nodes.settings")
+    return rs.pack_module("nodes.patching").patch_model(
+        patcher, settings.ToMASettings(ratio=setting.ratio, tile_size=setting.tile_size, schedule=setting.schedule(),
+                                       blocks=setting.blocks, min_tokens=0))
+
+
 def plan_ms(tokens: rs.Grid, channels: int, ratio: float, tile_size: int, clock: Clock, device: str, repeats: int = 2) -> float:
     """ms of one plan (toma_core.make_plan on the features the hooks use) for a grid and width."""
     core = rs.pack_module("toma_core")
-    features = rs.pack_module("nodes.families.merge").features
+    features = rs.pack_module("nodes.machinery.merge").features
     x = torch.randn((1, tokens.tokens, channels), device=device)
     frames = {"frames": tokens.frames, "tile_frames": 2} if tokens.frames > 1 else {}
     best = []

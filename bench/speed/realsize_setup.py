@@ -15,11 +15,8 @@ Axis letters: N image tokens of a grid, D kept tokens, C channels, T text tokens
 
 from __future__ import annotations
 
-import importlib
+import argparse
 import math
-import os
-import sys
-import types
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -27,41 +24,13 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-PACK_NAME = "comfyui_toma_pack"
-"""The package name the pack is imported under, as tests/pack.py does (relative imports resolve)."""
-
-
-def pack_module(name: str) -> types.ModuleType:
-    """A submodule of this node pack, imported as ComfyUI imports the pack folder (a package)."""
-    if PACK_NAME not in sys.modules:
-        package = types.ModuleType(PACK_NAME)
-        package.__path__ = [str(ROOT)]
-        sys.modules[PACK_NAME] = package
-    return importlib.import_module(f"{PACK_NAME}.{name}")
-
+from ..harness import cli
+from ..harness.pack import pack_module
 
 def import_comfy(device: str = "cpu") -> Path:
-    """Put the ComfyUI root on sys.path (ComfyUI is not an installable package) and import it.
-
-    The root is $COMFYUI_PATH or ../shared/ComfyUI beside the repository. cpu mode unless `device`
-    is not cpu; attention through torch SDPA (what ComfyUI uses on GPUs)."""
-    candidates = [Path(os.environ["COMFYUI_PATH"])] if os.environ.get("COMFYUI_PATH") else []
-    candidates.append(ROOT.parent / "shared" / "ComfyUI")
-    root = next((p.resolve() for p in candidates if (p / "comfy" / "model_management.py").is_file()), None)
-    if root is None:
-        raise SystemExit(f"ComfyUI not found (set COMFYUI_PATH; tried {', '.join(map(str, candidates))})")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    import comfy.cli_args
-
-    comfy.cli_args.args.use_pytorch_cross_attention = True
-    comfy.cli_args.args.cpu = device == "cpu"
-    import comfy.model_management  # noqa: F401
-    import comfy.samplers  # noqa: F401
-    import comfy.supported_models  # noqa: F401
-
-    return root
+    """Import ComfyUI (cpu mode unless `device` is not cpu) with attention through torch SDPA (what
+    ComfyUI uses on GPUs), via bench.harness.cli."""
+    return cli.import_comfy(argparse.Namespace(attention="pytorch", device=device))
 
 
 @dataclass(frozen=True)
@@ -149,7 +118,7 @@ FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
                "euler", "simple", 1.0, video=True),
 )}
 
-RESOLUTIONS: dict[str, tuple[int, int]] = {"512": (512, 512), "768": (768, 768), "1024": (1024, 1024), "2048": (2048, 2048),
+RESOLUTIONS: dict[str, tuple[int, int]] = {"256": (256, 256), "384": (384, 384), "512": (512, 512), "768": (768, 768), "1024": (1024, 1024), "2048": (2048, 2048),
                                            "480p": (832, 480), "720p": (1280, 720)}
 """Labels -> (width, height) in pixels. 480p / 720p are Wan's 832 x 480 and 1280 x 720."""
 
@@ -180,9 +149,14 @@ def meta_patcher(name: str, reduced: bool = False) -> Any:
 
 def model_sampling(name: str, resolution: str) -> Any:
     """The model_sampling a workflow samples `name` with at `resolution` (see Sampling)."""
+    return workflow_patcher(name, meta_patcher(name), resolution).get_model_object("model_sampling")
+
+
+def workflow_patcher(name: str, patcher: Any, resolution: str) -> Any:
+    """`patcher` through the family's model-sampling node as a workflow wires it (or unchanged)."""
     from comfy_extras import nodes_model_advanced as nodes
 
-    fam, patcher = family(name), meta_patcher(name)
+    fam = family(name)
     s = fam.sampling
     shift = s.shift_by_resolution.get(resolution, s.shift)
     if s.node == "flux":
@@ -192,7 +166,7 @@ def model_sampling(name: str, resolution: str) -> Any:
         patcher = nodes.ModelSamplingSD3().patch(patcher, shift)[0]
     elif s.node == "aura":
         patcher = nodes.ModelSamplingAuraFlow().patch_aura(patcher, shift)[0]
-    return patcher.get_model_object("model_sampling")
+    return patcher
 
 
 def sampling_text(name: str, resolution: str) -> str:
@@ -239,7 +213,7 @@ def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[
         return [BlockSite(f"unet{int(s.module.attn1.to_q.weight.shape[0])}", spec.selects(s.block, s.downsample), s.downsample)
                 for s in sites]
     kinds = dit_kinds(name, reduced)
-    parse = pack_module("nodes.families.dit_blocks").parse_dit_blocks
+    parse = pack_module("nodes.machinery.dit_blocks").parse_dit_blocks
     if "joint" in kinds:
         total = kinds["joint"] + 1
         chosen = parse(blocks, {"double": total})
