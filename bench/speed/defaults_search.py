@@ -36,6 +36,8 @@ CANDIDATES: list[model.Setting] = [
     model.Setting(0.5, 4, 0.25),
     model.Setting(0.5, 4, 0.4),
     model.Setting(0.5, 8, 0.25),
+    model.Setting(0.5, 8, 0.4),
+    model.Setting(0.5, 8, 0.5),
     model.Setting(0.6, 4, 0.3),
     model.Setting(0.6, 4, 0.4),
     model.Setting(0.75, 4, 0.4),
@@ -46,7 +48,9 @@ CANDIDATES: list[model.Setting] = [
     model.Setting(0.9, 4, 0.6),
 ]
 """The searched settings (basic-node levers: ratio, tile, window, merge_every, recompute_every).
-The first is the old default (start_percent 0.75), the second the paper's every-step schedule."""
+The first is the old default (start_percent 0.75), the second the paper's every-step schedule. The
+tile-8 rows at 0.4 and 0.5 were added after the first seed showed tile 8 ahead of tile 4 (sampled
+with --candidates; the table command takes several --quality files)."""
 
 STEP_FRACTIONS = (0.9, 0.8, 0.7, 0.6)
 """Fewer-steps rows sampled for the margin column (18, 16, 14, 12 of 20 steps)."""
@@ -77,8 +81,8 @@ def cmd_quality(args: argparse.Namespace) -> None:
         nodes = q.node_classes()
         rows = [{"label": q.REFERENCE, "group": "reference", "quick": True, "only": (), "chain": []}]
         rows += [{"label": f"steps x{f:g}", "group": "fewer steps", "quick": True, "only": (), "chain": [], "steps": f}
-                 for f in STEP_FRACTIONS]
-        rows += [row_of(s) for s in CANDIDATES]
+                 for f in STEP_FRACTIONS if args.steps_rows]
+        rows += [row_of(s) for s in candidates(args)]
         variants = {r["label"]: q.build_variant(r, name, fam.model, ref_steps, nodes) for r in rows}
         out = results["families"].setdefault(name, {"steps": ref_steps, "sampler": fam.sampler, "rows": {}})
         started = time.perf_counter()
@@ -95,6 +99,13 @@ def cmd_quality(args: argparse.Namespace) -> None:
             print(f"  {name}: seed {seed} done ({time.perf_counter() - started:.0f} s)", flush=True)
 
 
+def candidates(args: argparse.Namespace) -> list[model.Setting]:
+    """CANDIDATES, or the settings of --candidates (a JSON list of Setting fields)."""
+    if getattr(args, "candidates", None) is None:
+        return CANDIDATES
+    return [model.Setting(**entry) for entry in json.loads(args.candidates.read_text())]
+
+
 def fewer_steps_psnr(rows: dict[str, Any], steps: int, equal_steps: float) -> float | None:
     """Fewer-steps PSNR interpolated at `equal_steps` (linear between the sampled step counts)."""
     points = sorted((r["steps"], statistics.mean(r["psnr"])) for label, r in rows.items() if label.startswith("steps x"))
@@ -107,19 +118,31 @@ def fewer_steps_psnr(rows: dict[str, Any], steps: int, equal_steps: float) -> fl
     return None
 
 
+def merge_quality(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One quality record from several `quality` runs: per family and row, the run with the most seeds."""
+    out: dict[str, Any] = {"families": {}}
+    for run in runs:
+        for name, fam in run["families"].items():
+            into = out["families"].setdefault(name, {"steps": fam["steps"], "rows": {}})
+            for label, row in fam["rows"].items():
+                if len(row["psnr"]) > len(into["rows"].get(label, {}).get("psnr", [])):
+                    into["rows"][label] = row
+    return out
+
+
 def cmd_table(args: argparse.Namespace) -> None:
     from . import realsize
     from . import realsize_setup as rs
 
     rs.import_comfy()
-    quality = json.loads(args.quality.read_text())
+    quality = merge_quality([json.loads(path.read_text()) for path in args.quality])
     cache = realsize.load_cache(args.cache)
     plans = realsize.PlanTimes(cache, "cpu")
     costs = {name: model.fit_family(name, cache) for name in ("flux", "sdxl")}
     lines = ["| setting | Flux.1-dev 1024 | SDXL 1024 | Flux fixture PSNR / SSIM | SDXL fixture PSNR / SSIM | mean PSNR | "
              "fewer steps at equal speed-up, Flux / SDXL (dB) | meets |", "|---|---:|---:|---:|---:|---:|---:|:---:|"]
     chosen = []
-    for s in CANDIDATES:
+    for s in candidates(args):
         speed = {name: model.predict(cost, "1024", s, plan_ms=plans).speedup for name, cost in costs.items()}
         cells, psnrs, ok = [], [], min(speed.values()) >= args.min_speedup
         margins = []
@@ -160,8 +183,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     q.add_argument("--families", nargs="+", default=["flux", "sdxl"])
     q.add_argument("--seeds", type=int, default=5)
     q.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "defaults_search.json")
+    q.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
+    q.add_argument("--steps-rows", action=argparse.BooleanOptionalAction, default=True, help="also sample the fewer-steps rows")
     t = sub.add_parser("table")
-    t.add_argument("--quality", type=Path, default=ROOT / "bench" / "out" / "defaults_search.json")
+    t.add_argument("--quality", type=Path, nargs="+", default=[ROOT / "bench" / "out" / "defaults_search.json"])
+    t.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
     t.add_argument("--cache", type=Path, default=realsize.CACHE)
     t.add_argument("--min-speedup", type=float, default=1.25)
     t.add_argument("--min-ssim", type=float, default=0.95)

@@ -10,7 +10,9 @@ real width:
 L is what the block attends over (text + image tokens for joint blocks; image tokens for Wan and
 UNet self-attention: their cross-attention is linear in N and sits in b). a, b come from the
 unmerged probes (least squares, after the attention term); o (ms per image token) from the merged
-probes, after the block's own curve at D and the plan. Where a probe ran at the prediction's token
+probes, after the block's own curve at D and the plan: the sum of those residuals over the summed
+N (so the largest probes weigh most), and never below 0 (a negative residual is the curve's own
+error, not a gain from merging). Where a probe ran at the prediction's token
 count the curve passes through it (two or more probes per kind); elsewhere the prediction is a
 fit, and the tables say which. A call adds its non-block time (linear in N, fitted per family, for
 merged and unmerged calls) and, when it re-selects, the plans (toma_core.make_plan timed at the
@@ -156,7 +158,7 @@ def fit_family(name: str, cache: dict[str, Any]) -> FamilyCost:
         _overheads(name, r, curves)
     for curve in curves.values():
         values = curve.__dict__.pop("_o", [])
-        curve.overhead = statistics.mean(values) if values else 0.0
+        curve.overhead = max(0.0, sum(r for r, _ in values) / sum(n for _, n in values)) if values else 0.0
     nonblock = {label: _linear([(r["tokens"], r[label]["call_ms"] - sum(ms for *_, ms in r[label]["blocks"])) for r in records])
                 for label in ("unmerged", "merged")}
     noise = _noise(records)
@@ -164,7 +166,7 @@ def fit_family(name: str, cache: dict[str, Any]) -> FamilyCost:
 
 
 def _overheads(name: str, record: dict[str, Any], curves: dict[str, KindCurve]) -> None:
-    """Per merged block run: (its ms - the plan it built - the curve at its kept tokens) / N."""
+    """Per merged block run: (its ms - the plan it built - the curve at its kept tokens, N)."""
     fam = rs.family(name)
     seen: set[int] = set()
     grid = rs.Grid(*record["grid"][1:], record["grid"][0])
@@ -179,7 +181,7 @@ def _overheads(name: str, record: dict[str, Any], curves: dict[str, KindCurve]) 
         if n not in seen:
             plan = float(record["plan_ms"].get(str(n), 0.0))
             seen.add(n)
-        curves[kind].__dict__.setdefault("_o", []).append((ms - plan - curves[kind].ms(d + text)) / n)
+        curves[kind].__dict__.setdefault("_o", []).append((ms - plan - curves[kind].ms(d + text), n))
 
 
 def _grid_of(grid: rs.Grid, tokens: int) -> rs.Grid:

@@ -29,7 +29,7 @@ from . import realsize_model as model
 from . import realsize_setup as rs
 
 CASES = {"flux": ("256", 4, "simple"), "sdxl": ("384", 4, "normal")}
-SETTINGS = [model.Setting(0.5, 4, 0.0), model.Setting(0.75, 4, 0.5), model.Setting(0.5, 4, 0.4)]
+SETTINGS = [model.Setting(0.5, 4, 0.0), model.Setting(0.75, 4, 0.5)]
 
 
 def sample_conditioning(name: str, width: int, height: int) -> list:
