@@ -36,8 +36,9 @@ def family_table(cache: dict[str, Any], name: str, resolution: str, settings: li
     width, height = rs.RESOLUTIONS[resolution]
     grid = rs.grid_for(name, width, height, 81)
     measured = grid.tokens in cost.probe_tokens
-    head = (f"**{fam.title}, {resolution}** ({width} x {height}; {grid.tokens:,} image tokens"
-            f"{'' if fam.unet else f' + {fam.text_len} text'}): {run_text(name, resolution)}. Block times "
+    tokens = (f"latent {grid.height} x {grid.width}: {grid.level(2).tokens:,} tokens at the 1/2 level, {grid.level(4).tokens:,} at 1/4"
+              if fam.unet else f"{grid.tokens:,} image tokens + {fam.text_len} text")
+    head = (f"**{fam.title}, {resolution}** ({width} x {height}; {tokens}): {run_text(name, resolution)}. Block times "
             + ("measured at this token count." if measured else
                f"fitted (a + b L + heads x SDPA(L)) from probes at {', '.join(f'{n:,}' for n in cost.probe_tokens)} tokens.")
             + f" Clock spread over repeats: {_pct(cost.noise)}.")
