@@ -20,11 +20,17 @@ SCOPES = ("block", "attention")
 """block: whole transformer blocks run on merged tokens. attention: only attention runs merged (UNet:
 attn1/attn2; Flux family: double blocks' attention, single blocks whole, as the reference code)."""
 
-NODE_START_PERCENT = 0.75
-"""The nodes' default start_percent: merge in the last quarter of the run only, leaving the steps
-that lay out the image exact. ToMASettings and MergeSchedule keep the paper's schedule (merge from
-the first step). Chosen on the trained fixtures by the quality study (bench/quality/quality.py);
-its figures are in docs/defaults.md."""
+NODE_RATIO = 0.5
+NODE_TILE_SIZE = 8
+NODE_START_PERCENT = 0.4
+"""The basic node's defaults (ratio, tile_size, start_percent; end 1, every step, re-select every step).
+
+Chosen by bench/speed/defaults_search.py (docs/realsize.md): of the settings whose end-to-end
+speed-up predicted by the real-size cost model (bench/speed/realsize.py) is at least 1.25x on both
+Flux.1-dev (20 steps) and SDXL (30 steps, CFG) at 1024 x 1024, the one closest to the SSIM floor of
+0.95 on the trained fixtures (which no such setting reaches on the Flux fixture), also the best
+mean PSNR among them; figures and the search table in docs/realsize.md. ToMASettings and MergeSchedule keep the paper's every-step schedule and
+tile 4 (the library defaults)."""
 
 RATIO_RANGE = (0.0, 0.95)
 RATIO_TOLERANCE = 0.02

@@ -14,7 +14,7 @@ from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
 from .patching import patch_model
 from .registry import blocks_examples, node_models, video_models
 from .settings import (
-    NODE_MIN_TOKENS, NODE_START_PERCENT, NODE_TILE_FRAMES, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
+    NODE_MIN_TOKENS, NODE_RATIO, NODE_START_PERCENT, NODE_TILE_FRAMES, NODE_TILE_SIZE, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
 )
 
 CATEGORY = "model_patches/ToMA"
@@ -30,21 +30,21 @@ def basic_inputs() -> list:
     return [
         io.Model.Input("model", tooltip=f"The diffusion model to speed up ({node_models()})."),
         io.Float.Input(
-            "ratio", default=0.5, min=RATIO_RANGE[0], max=RATIO_RANGE[1], step=0.05,
+            "ratio", default=NODE_RATIO, min=RATIO_RANGE[0], max=RATIO_RANGE[1], step=0.05,
             tooltip="Share of image tokens merged away inside the merged blocks. Higher is faster and "
             "less faithful; 0 leaves the output bit-identical.",
         ),
         io.Int.Input(
-            "tile_size", default=4, min=TILE_SIZE_RANGE[0], max=TILE_SIZE_RANGE[1],
+            "tile_size", default=NODE_TILE_SIZE, min=TILE_SIZE_RANGE[0], max=TILE_SIZE_RANGE[1],
             tooltip="Side of the square tiles, in tokens, within which tokens are merged. Small tiles keep "
             "merges local (fewer artifacts); any image size works.",
         ),
         io.Float.Input(
             "start_percent", default=NODE_START_PERCENT, min=0.0, max=1.0, step=0.01,
             tooltip="Point of the sampling run (sigma percent, 0 = first step) where merging starts. "
-            "0.75 (default) merges only the last quarter of the run and leaves the steps that lay out the "
-            "image exact: measured on trained models it keeps far more of the image than merging from the "
-            "start (0), at much less speed-up. Lower it for more speed.",
+            f"{NODE_START_PERCENT:g} (default) leaves the first steps, which lay out the image, exact and merges the "
+            "rest: about 1.3x end to end on Flux.1-dev and SDXL at 1024 px (predicted from real-size block "
+            "timings). Lower it for more speed, raise it to keep more of the unpatched image.",
         ),
         io.Float.Input(
             "end_percent", default=1.0, min=0.0, max=1.0, step=0.01,

@@ -17,8 +17,8 @@ def test_flux_workflow_is_well_formed():
     assert {"UNETLoader", "DualCLIPLoader", "VAELoader", "ToMAPatch", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
     assert not unconnected_required_inputs(workflow)
     toma = next(node for node in workflow["nodes"] if node["type"] == "ToMAPatch")
-    start = pack_module("nodes.settings").NODE_START_PERCENT  # the node's default
-    assert toma["widgets_values"] == [0.5, 4, start, 1.0, 1, 1]
+    s = pack_module("nodes.settings")  # the node's defaults
+    assert toma["widgets_values"] == [s.NODE_RATIO, s.NODE_TILE_SIZE, s.NODE_START_PERCENT, 1.0, 1, 1]
     sampler = next(node for node in workflow["nodes"] if node["type"] == "KSampler")
     model_link = sampler["inputs"][0]["link"]
     assert any(link[0] == model_link and link[1] == toma["id"] for link in workflow["links"])

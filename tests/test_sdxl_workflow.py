@@ -17,8 +17,8 @@ def test_sdxl_workflow_is_well_formed_and_wired_through_toma():
     types = {node["type"] for node in nodes.values()}
     assert {"CheckpointLoaderSimple", "ToMAPatch", "CLIPTextEncode", "EmptyLatentImage", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
     toma = next(node for node in nodes.values() if node["type"] == "ToMAPatch")
-    start = pack_module("nodes.settings").NODE_START_PERCENT  # the node's default
-    assert toma["widgets_values"] == [0.5, 4, start, 1.0, 1, 1]
+    s = pack_module("nodes.settings")  # the node's defaults
+    assert toma["widgets_values"] == [s.NODE_RATIO, s.NODE_TILE_SIZE, s.NODE_START_PERCENT, 1.0, 1, 1]
     links = {link[0]: link for link in workflow["links"]}
     loader_link = links[toma["inputs"][0]["link"]]
     assert nodes[loader_link[1]]["type"] == "CheckpointLoaderSimple"

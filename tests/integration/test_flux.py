@@ -331,7 +331,8 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
         assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
     defaults = {i.id: i.default for i in basic.inputs[1:]}
     assert defaults == {
-        "ratio": 0.5, "tile_size": 4, "start_percent": 0.75, "end_percent": 1.0, "recompute_every": 1, "merge_every": 1,
+        "ratio": toma.settings.NODE_RATIO, "tile_size": toma.settings.NODE_TILE_SIZE,
+        "start_percent": toma.settings.NODE_START_PERCENT, "end_percent": 1.0, "recompute_every": 1, "merge_every": 1,
     }
     out = nodes.ToMAPatch.execute(tiny_flux, 0.0, 4, 0.0, 1.0, 1, 1)
     assert torch.equal(tiny.sample(out.result[0], FLUX_LATENT), tiny.sample(tiny_flux, FLUX_LATENT))

@@ -1,0 +1,205 @@
+"""The search that chose the basic node's defaults: fixture quality of candidate settings beside their
+predicted real-size speed-ups on Flux.1-dev (20 steps) and SDXL (30 steps) at 1024 x 1024.
+
+    python -m bench.speed.defaults_search quality --out bench/out/defaults_search.json   # sample the fixtures
+    python -m bench.speed.defaults_search table --quality bench/out/defaults_search.json  # the search table
+
+Criterion: among the settings whose predicted end-to-end speed-up (bench/speed/realsize.py) is
+>= 1.25x on both Flux.1-dev and SDXL at 1024 px, the best mean fixture quality (PSNR against the
+unpatched image, mean over the Flux and SDXL fixtures and 5 seeds), with SSIM >= 0.95 on both.
+
+`quality` samples only what the table needs: per fixture and seed, the unpatched image and each
+candidate, through the quality bench's own node chains and sampler (
+build_variant, sample, image_metrics in bench/quality/quality.py), untimed. Results are written after every seed. The margin
+against fewer steps compares a setting's PSNR with the fewer-steps PSNR of the same fixture at
+the step count that gives the same PREDICTED speed-up (steps / speed-up), interpolated in the
+fewer-steps rows the quality run also samples (--steps-rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import realsize_model as model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CANDIDATES: list[model.Setting] = [
+    model.Setting(0.5, 4, 0.75),
+    model.Setting(0.5, 4, 0.0),
+    model.Setting(0.5, 4, 0.25),
+    model.Setting(0.5, 4, 0.4),
+    model.Setting(0.5, 8, 0.25),
+    model.Setting(0.5, 8, 0.4),
+    model.Setting(0.5, 8, 0.5),
+    model.Setting(0.6, 4, 0.3),
+    model.Setting(0.6, 4, 0.4),
+    model.Setting(0.75, 4, 0.4),
+    model.Setting(0.75, 4, 0.5),
+    model.Setting(0.75, 4, 0.6),
+    model.Setting(0.75, 8, 0.5),
+    model.Setting(0.75, 4, 0.0, merge_every=2),
+    model.Setting(0.9, 4, 0.6),
+]
+"""The searched settings (basic-node levers: ratio, tile, window, merge_every, recompute_every).
+The first is the old default (start_percent 0.75), the second the paper's every-step schedule. The
+tile-8 rows at 0.4 and 0.5 were added after the first seed showed tile 8 ahead of tile 4 (sampled
+with --candidates; the table command takes several --quality files)."""
+
+STEP_FRACTIONS = (0.9, 0.8, 0.7, 0.6)
+"""Fewer-steps rows sampled for the margin column (18, 16, 14, 12 of 20 steps)."""
+
+
+def row_of(s: model.Setting) -> dict[str, Any]:
+    inputs = {"ratio": s.ratio, "tile_size": s.tile_size, "start_percent": s.start_percent, "end_percent": s.end_percent,
+              "recompute_every": s.recompute_every, "merge_every": s.merge_every}
+    node = "ToMAPatch" if s.blocks == "auto" else "ToMAPatchAdvanced"
+    if node == "ToMAPatchAdvanced":
+        inputs["blocks"] = s.blocks
+    return {"label": s.label(), "group": "search", "quick": True, "only": (), "chain": [(node, inputs)]}
+
+
+def cmd_quality(args: argparse.Namespace) -> None:
+    import torch
+
+    from ..quality import quality as q
+    from . import realsize_setup as rs
+
+    torch.set_num_threads(1)
+    rs.import_comfy()
+    results: dict[str, Any] = {"command": " ".join(sys.argv), "seeds": list(range(args.seeds)), "families": {}}
+    tap = q.LogTap()
+    for name in args.families:
+        fam = q.load_family(name)
+        ref_steps = int(fam.sampler["steps"])
+        nodes = q.node_classes()
+        rows = [{"label": q.REFERENCE, "group": "reference", "quick": True, "only": (), "chain": []}]
+        rows += [{"label": f"steps x{f:g}", "group": "fewer steps", "quick": True, "only": (), "chain": [], "steps": f}
+                 for f in STEP_FRACTIONS if args.steps_rows]
+        rows += [row_of(s) for s in candidates(args)]
+        variants = {r["label"]: q.build_variant(r, name, fam.model, ref_steps, nodes) for r in rows}
+        out = results["families"].setdefault(name, {"steps": ref_steps, "sampler": fam.sampler, "rows": {}})
+        started = time.perf_counter()
+        for seed in range(args.seeds):
+            ref = q.sample(fam, variants[q.REFERENCE], seed, tap)[1]
+            for label, v in variants.items():
+                if label == q.REFERENCE or isinstance(v, str):
+                    continue
+                psnr, ssim = q.image_metrics(ref, q.sample(fam, v, seed, tap)[1])
+                entry = out["rows"].setdefault(label, {"steps": v.steps, "psnr": [], "ssim": []})
+                entry["psnr"].append(round(psnr, 3))
+                entry["ssim"].append(round(ssim, 4))
+            args.out.write_text(json.dumps(results, indent=1))
+            print(f"  {name}: seed {seed} done ({time.perf_counter() - started:.0f} s)", flush=True)
+
+
+def candidates(args: argparse.Namespace) -> list[model.Setting]:
+    """CANDIDATES, or the settings of --candidates (a JSON list of Setting fields)."""
+    if getattr(args, "candidates", None) is None:
+        return CANDIDATES
+    return [model.Setting(**entry) for entry in json.loads(args.candidates.read_text())]
+
+
+def fewer_steps_psnr(rows: dict[str, Any], steps: int, equal_steps: float) -> float | None:
+    """Fewer-steps PSNR interpolated at `equal_steps` (linear between the sampled step counts)."""
+    points = sorted((r["steps"], statistics.mean(r["psnr"])) for label, r in rows.items() if label.startswith("steps x"))
+    points.append((steps, float("inf")))
+    for (s0, p0), (s1, p1) in zip(points, points[1:]):
+        if s0 <= equal_steps <= s1:
+            if p1 == float("inf"):
+                return p0 if equal_steps < s1 else None
+            return p0 + (p1 - p0) * (equal_steps - s0) / (s1 - s0)
+    return None
+
+
+def merge_quality(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One quality record from several `quality` runs: per family and row, the run with the most seeds."""
+    out: dict[str, Any] = {"families": {}}
+    for run in runs:
+        for name, fam in run["families"].items():
+            into = out["families"].setdefault(name, {"steps": fam["steps"], "rows": {}})
+            for label, row in fam["rows"].items():
+                if len(row["psnr"]) > len(into["rows"].get(label, {}).get("psnr", [])):
+                    into["rows"][label] = row
+    return out
+
+
+def cmd_table(args: argparse.Namespace) -> None:
+    from . import realsize
+    from . import realsize_setup as rs
+
+    rs.import_comfy()
+    quality = merge_quality([json.loads(path.read_text()) for path in args.quality])
+    cache = realsize.load_cache(args.cache)
+    plans = realsize.PlanTimes(cache, "cpu")
+    costs = {name: model.fit_family(name, cache) for name in ("flux", "sdxl")}
+    lines = ["| setting | Flux.1-dev 1024 | SDXL 1024 | Flux fixture PSNR / SSIM | SDXL fixture PSNR / SSIM | mean PSNR | "
+             "fewer steps at equal speed-up, Flux / SDXL (dB) | meets |", "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+    chosen = []
+    for s in candidates(args):
+        speed = {name: model.predict(cost, "1024", s, plan_ms=plans).speedup for name, cost in costs.items()}
+        cells, psnrs, ok = [], [], min(speed.values()) >= args.min_speedup
+        margins = []
+        for name in ("flux", "sdxl"):
+            fam = quality["families"].get(name, {})
+            r = fam.get("rows", {}).get(s.label())
+            if r is None:
+                cells.append("–")
+                ok = False
+                continue
+            p, ss = statistics.mean(r["psnr"]), statistics.mean(r["ssim"])
+            cells.append(f"{p:.1f} / {ss:.3f} ({len(r['psnr'])} seeds)")
+            psnrs.append(p)
+            ok &= ss >= args.min_ssim
+            steps = fam["steps"]
+            f = fewer_steps_psnr(fam["rows"], steps, steps / speed[name])
+            margins.append("–" if f is None else f"{p - f:+.1f}")
+        mean = statistics.mean(psnrs) if len(psnrs) == 2 else float("nan")
+        if ok:
+            chosen.append((mean, s))
+        lines.append(f"| {s.label()} | {speed['flux']:.2f}x | {speed['sdxl']:.2f}x | {' | '.join(cells)} | {mean:.1f} | "
+                     f"{' / '.join(margins)} | {'yes' if ok else 'no'} |")
+    if plans.timed:
+        realsize.save_cache(args.cache, cache)
+    best = max(chosen, key=lambda t: t[0])[1].label() if chosen else "none"
+    text = "\n".join(lines) + f"\n\nBest setting meeting every constraint: **{best}**.\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from . import realsize
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--families", nargs="+", default=["flux", "sdxl"])
+    q.add_argument("--seeds", type=int, default=5)
+    q.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "defaults_search.json")
+    q.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
+    q.add_argument("--steps-rows", action=argparse.BooleanOptionalAction, default=True, help="also sample the fewer-steps rows")
+    t = sub.add_parser("table")
+    t.add_argument("--quality", type=Path, nargs="+", default=[ROOT / "bench" / "out" / "defaults_search.json"])
+    t.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
+    t.add_argument("--cache", type=Path, default=realsize.CACHE)
+    t.add_argument("--min-speedup", type=float, default=1.25)
+    t.add_argument("--min-ssim", type=float, default=0.95)
+    t.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    {"quality": cmd_quality, "table": cmd_table}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Real-size cost model of ToMA: the end-to-end speed-up a node setting gives on the models users run.
+
+    python -m bench.speed.realsize measure --families flux sdxl      # time probes (CPU, 1 thread), cache them
+    python -m bench.speed.realsize table                              # tables from the cache (+ plan timings)
+    python -m bench.speed.realsize predict --family flux --resolution 1024 --ratio 0.5 --start-percent 0.4
+    python -m bench.speed.realsize predict --family wan14b --resolution 720p --frames 81 --steps 30 --sampler euler
+
+Families: Flux.1-dev, SDXL, SD1.5, SD3.5 Large, Qwen-Image, Wan 2.1 14B / 1.3B, HunyuanVideo
+(realsize_setup.FAMILIES). A prediction combines (a) block times measured at the real width
+(realsize_measure: the real ComfyUI class with one or two blocks of each kind, random weights,
+merged through the pack's own hooks and unmerged, in turns), fitted per kind as a + b L + heads
+attn(L) where the real token count was not run (realsize_model); (b) the full model's real block
+list and the blocks the setting selects (the pack's own `blocks` parsing); (c) the evaluations of
+the family's own run (its ComfyUI model_sampling and shift, scheduler, sampler, CFG calls), each
+decided by the pack's MergeSchedule. Measurements are cached in --cache (JSON); `table` and
+`predict` re-use them and only time what is missing (the plans of new token counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import realsize_measure as measure
+from . import realsize_model as model
+from . import realsize_setup as rs
+
+CACHE = Path(__file__).resolve().parent / "realsize_cpu.json"
+"""The committed cache of the CPU probes (one thread, process CPU clock)."""
+
+PROBES: dict[str, list[tuple[rs.Grid, int]]] = {
+    "flux": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1), (rs.Grid(64, 64), 1)],
+    "sdxl": [(rs.Grid(48, 48), 1), (rs.Grid(64, 64), 1), (rs.Grid(128, 128), 1)],
+    "sd15": [(rs.Grid(32, 32), 1), (rs.Grid(64, 64), 1)],
+    "sd35_large": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
+    "qwen_image": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
+    "wan14b": [(rs.Grid(16, 16, 2), 1), (rs.Grid(16, 16, 4), 1)],
+    "wan1.3b": [(rs.Grid(16, 16, 4), 1), (rs.Grid(32, 32, 4), 1)],
+    "hunyuan_video": [(rs.Grid(16, 16, 2), 1), (rs.Grid(16, 16, 4), 1)],
+}
+"""Token grids (and rounds) each family is timed on: the real token count where one call fits the
+CPU budget (Flux.1-dev and SDXL at 1024 px), smaller grids at the real width elsewhere (the fits).
+Flux 16 x 16 and SDXL 48 x 48 are the validation sizes (realsize_validate)."""
+
+ATTENTION = {128: [2048, 4096, 8192, 16384], 64: [2048, 4096, 8192], 40: [2048, 4096, 8192], 80: [2048, 4096, 8192],
+             160: [2048, 4096, 8192]}
+"""SDPA lengths per head_dim for the N^2 terms."""
+
+PROBE_RATIO, PROBE_TILE = 0.5, 4
+
+DEFAULT_SETTING = model.Setting(0.5, 4, 0.75)
+"""The basic node's defaults before issue 18 (start_percent 0.75), for the tables' first row."""
+
+
+def load_cache(path: Path) -> dict[str, Any]:
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"meta": {}, "probes": [], "attention": [], "plans": {}}
+
+
+def save_cache(path: Path, cache: dict[str, Any]) -> None:
+    path.write_text(json.dumps(cache, indent=0, sort_keys=True))
+
+
+def host_meta(device: str) -> dict[str, Any]:
+    return {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "clock": "process CPU time" if device == "cpu" else "wall after cuda synchronize",
+            "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
+
+
+def cmd_measure(args: argparse.Namespace) -> None:
+    cache = load_cache(args.cache)
+    cache["meta"] = host_meta(args.device)
+    needed = sorted({hd for name in args.families for _, hd in model.HEADS[name].values()})
+    have = {(p["head_dim"], p["length"]) for p in cache["attention"]}
+    for hd in needed:
+        todo = [length for length in ATTENTION[hd] if (hd, length) not in have]
+        if todo:
+            cache["attention"] += measure.attention_probe(hd, todo, args.device)
+            print(f"attention head_dim {hd}: {todo}", flush=True)
+            save_cache(args.cache, cache)
+    for name in args.families:
+        def cached(grid: rs.Grid) -> bool:
+            return any(r["family"] == name and r["grid"] == [grid.frames, grid.height, grid.width] for r in cache["probes"])
+
+        todo = [grid for grid, _ in PROBES[name] if args.again or not cached(grid)]
+        if not todo:
+            continue
+        rounds = args.rounds or max(n for grid, n in PROBES[name] if grid in todo)
+
+        def keep(records: list[dict[str, Any]], name: str = name) -> None:
+            done = {tuple(r["grid"]) for r in records}
+            cache["probes"] = [r for r in cache["probes"] if not (r["family"] == name and tuple(r["grid"]) in done)] + records
+            save_cache(args.cache, cache)
+
+        measure.probe(name, todo, PROBE_RATIO, PROBE_TILE, rounds, args.device, log=lambda s: print(s, flush=True), keep=keep)
+
+
+class PlanTimes:
+    """plan_ms for the model, from the cache or timed now (toma_core.make_plan at those tokens)."""
+
+    def __init__(self, cache: dict[str, Any], device: str) -> None:
+        self.cache, self.device, self.timed = cache, device, 0
+
+    def __call__(self, grid: rs.Grid, channels: int, ratio: float, tile: int) -> float:
+        key = f"{grid.frames}x{grid.height}x{grid.width}:{channels}:{ratio:g}:{tile}:{self.device}"
+        if key not in self.cache["plans"]:
+            self.cache["plans"][key] = measure.plan_ms(grid, channels, ratio, tile, measure.Clock(self.device), self.device)
+            self.timed += 1
+        return self.cache["plans"][key]
+
+
+def setting_of(args: argparse.Namespace) -> model.Setting:
+    return model.Setting(args.ratio, args.tile_size, args.start_percent, args.end_percent, args.recompute_every,
+                         args.merge_every, args.blocks)
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    cache = load_cache(args.cache)
+    plans = PlanTimes(cache, args.device)
+    cost = model.fit_family(args.family, cache)
+    p = model.predict(cost, args.resolution, setting_of(args), args.frames, args.steps, args.sampler, args.scheduler, args.cfg,
+                      plan_ms=plans)
+    if plans.timed:
+        save_cache(args.cache, cache)
+    print(f"{rs.family(args.family).title} {args.resolution}: {p.speedup:.3f}x predicted ({p.setting.label()}); "
+          f"{p.merged_evaluations}/{p.evaluations} evaluations merged, {p.blocks_merged}/{p.blocks} blocks; per merged block "
+          + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(p.per_block_speedup.items()))
+          + ("" if p.measured_tokens else "; block times fitted (token count not probed)"))
+
+
+def resolutions_of(name: str) -> list[str]:
+    return ["480p", "720p"] if rs.family(name).video else ["1024", "2048"]
+
+
+def cmd_table(args: argparse.Namespace) -> None:
+    from . import realsize_tables
+
+    cache = load_cache(args.cache)
+    plans = PlanTimes(cache, args.device)
+    text = realsize_tables.all_tables(cache, args.families, plans, [DEFAULT_SETTING, *realsize_tables.settings_from(args.settings)])
+    if plans.timed:
+        save_cache(args.cache, cache)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cache", type=Path, default=CACHE)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="time the probes missing from the cache")
+    m.add_argument("--families", nargs="+", default=list(PROBES), choices=list(PROBES))
+    m.add_argument("--rounds", type=int, default=0, help="rounds per grid (0: PROBES' count)")
+    m.add_argument("--again", action="store_true", help="re-time probes already cached")
+    t = sub.add_parser("table", help="tables per family and resolution from the cache")
+    t.add_argument("--families", nargs="+", default=list(PROBES), choices=list(PROBES))
+    t.add_argument("--settings", type=Path, default=None, help="JSON list of settings (Setting fields) to tabulate")
+    t.add_argument("--out", type=Path, default=None)
+    q = sub.add_parser("predict", help="one prediction")
+    q.add_argument("--family", required=True, choices=list(PROBES))
+    q.add_argument("--resolution", default="1024", choices=list(rs.RESOLUTIONS))
+    q.add_argument("--frames", type=int, default=81)
+    q.add_argument("--steps", type=int, default=None)
+    q.add_argument("--sampler", default=None)
+    q.add_argument("--scheduler", default=None)
+    q.add_argument("--cfg", type=float, default=None)
+    for name, kind, default in (("ratio", float, 0.5), ("tile-size", int, 4), ("start-percent", float, 0.0),
+                                ("end-percent", float, 1.0), ("recompute-every", int, 1), ("merge-every", int, 1)):
+        q.add_argument(f"--{name}", type=kind, default=default)
+    q.add_argument("--blocks", default="auto")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rs.import_comfy(args.device)
+    {"measure": cmd_measure, "predict": cmd_predict, "table": cmd_table}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

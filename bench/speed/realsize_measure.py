@@ -1,0 +1,334 @@
+"""Timed probes of the real-size cost model: real-width blocks at given token counts, merged and unmerged.
+
+A probe builds the family's few-block model (realsize_setup.RealFamily.reduced: the real class at the
+real width, one or two blocks of each kind, every non-block layer; random weights) and times model
+calls as a sampler makes them (BaseModel.apply_model with the patcher's wrappers, a ToMA run started
+as its OUTER_SAMPLE wrapper starts one), unpatched and patched with the pack's own node code on every
+block, in turns. Every block is timed inside its own hook key (the dit replace key a family uses, or
+the UNet block's object patch), so one call gives each block kind's time at its token count, and
+the call's remainder is the non-block time (embedders, final layer; a UNet's res blocks, up/down
+sampling and the transformer stacks' proj_in/out). The merged call builds its plans in its first
+merged block (recompute every call); the plan is timed on its own with toma_core's make_plan at the
+same tokens and channels and taken out of that block, so block times hold merge + block + unmerge.
+
+Separately: torch SDPA (ComfyUI's optimized_attention) on one head at several lengths, which the
+model scales by the heads (the N^2 term of the fits).
+
+Times are in ms on the process CPU clock with one thread (CPU: waiting for a shared core does not
+count) or wall time after a CUDA synchronise (--device cuda).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import realsize_setup as rs
+
+
+@dataclass
+class Clock:
+    """Milliseconds on the process CPU clock (cpu) or after a device synchronise (cuda)."""
+
+    device: str
+
+    def now(self) -> float:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            return time.perf_counter() * 1000
+        return time.process_time() * 1000
+
+
+def init_weights(module: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights: biases 0, 1-d gains 1, matrices normal / sqrt(fan_in) (comfy.ops leaves them empty)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif param.ndim <= 1:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 1.0 / math.sqrt(param[0].numel()))
+        for buffer in module.buffers():
+            if buffer.is_floating_point() and buffer.ndim >= 2 and not torch.isfinite(buffer).all():
+                buffer.normal_(0.0, 0.1)
+
+
+def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The family's few-block model at the real width, random weights, in a ModelPatcher."""
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    fam = rs.family(name)
+    unet_config = fam.unet_config | fam.reduced
+    config = getattr(comfy.supported_models, fam.config_class)(dict(unet_config))
+    config.unet_config.update(unet_config)
+    config.set_inference_dtype(dtype, None)
+    dev = torch.device(device)
+    model = config.get_model({}, device=dev)
+    init_weights(model.diffusion_model)
+    pos_embed = getattr(model.diffusion_model, "pos_embed", None)
+    if isinstance(pos_embed, torch.Tensor):
+        with torch.no_grad():
+            pos_embed.normal_(0.0, 0.1)
+    model.to(dev).eval()
+    return comfy.model_patcher.ModelPatcher(model, load_device=dev, offload_device=dev)
+
+
+def conditioning(name: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The family's usual conditioning: text context of text_len tokens, pooled vector, guidance."""
+    fam = rs.family(name)
+    gen = torch.Generator().manual_seed(1)
+    dims = {"flux": 4096, "sdxl": 2048, "sd15": 768, "sd35_large": 4096, "qwen_image": 3584,
+            "wan14b": 4096, "wan1.3b": 4096, "hunyuan_video": 4096}
+    out = {"c_crossattn": torch.randn((batch, fam.text_len, dims[name]), generator=gen)}
+    pooled = {"flux": 768, "sdxl": 2816, "sd35_large": 2048, "hunyuan_video": 768}.get(name)
+    if pooled:
+        out["y"] = torch.randn((batch, pooled), generator=gen)
+    if name in ("flux", "hunyuan_video"):
+        out["guidance"] = torch.full((batch,), 3.5)
+    return {k: v.to(device, dtype if v.is_floating_point() and k != "guidance" else v.dtype) for k, v in out.items()}
+
+
+def latent(name: str, grid: rs.Grid, batch: int, device: str) -> torch.Tensor:
+    """The noisy latent a call on `grid` takes (B, C, [F,] H, W)."""
+    fam = rs.family(name)
+    gen = torch.Generator().manual_seed(0)
+    channels = fam.unet_config.get("in_channels", fam.unet_config.get("in_dim", 16))
+    channels = 16 if name == "qwen_image" else channels
+    if fam.unet:
+        shape = (batch, channels, grid.height, grid.width)
+    elif fam.video or name == "qwen_image":
+        shape = (batch, channels, grid.frames, 2 * grid.height, 2 * grid.width)
+    else:
+        shape = (batch, channels, 2 * grid.height, 2 * grid.width)
+    return torch.randn(shape, generator=gen).to(device)
+
+
+# ------------------------------------------------------------------------------ block timers
+
+
+class BlockTimer:
+    """Collects (kind, tokens, ms) of every block run of a call."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.records: list[tuple[str, int, float]] = []
+
+    def wrap_dit(self, kind: str, tokens: Callable[[dict], int], fn: Callable | None) -> Callable:
+        def timed(args: dict, extra: dict) -> dict:
+            start = self.clock.now()
+            out = fn(args, extra) if fn is not None else extra["original_block"](args)
+            self.records.append((kind, tokens(args), self.clock.now() - start))
+            return out
+
+        return timed
+
+    def wrap_forward(self, kind: str, fn: Callable) -> Callable:
+        def timed(x: torch.Tensor, context: Any = None, transformer_options: dict = {}) -> torch.Tensor:  # noqa: B006
+            start = self.clock.now()
+            out = fn(x, context=context, transformer_options=transformer_options)
+            shape = transformer_options.get("activations_shape") or [0, 0, 0, 0]
+            self.records.append((kind, int(shape[-2]) * int(shape[-1]), self.clock.now() - start))
+            return out
+
+        return timed
+
+
+DIT_KEYS = {"double": "double_block", "single": "single_block", "joint": "double_block", "joint_last": "double_block"}
+
+
+def install_timers(patcher: Any, name: str, timer: BlockTimer) -> None:
+    """Wrap every block of `patcher` (ToMA's hook where present, else the block itself) in `timer`."""
+    fam = rs.family(name)
+    dm = patcher.get_model_object("diffusion_model")
+    if fam.unet:
+        for site in rs.pack_module("nodes.families.unet_sites").find_sites(dm):
+            kind = f"unet{int(site.module.attn1.to_q.weight.shape[0])}"
+            inner = patcher.object_patches.get(site.patch_key)
+            if inner is None:
+                module = site.module
+
+                def inner(x, context=None, transformer_options={}, module=module):  # noqa: B006
+                    return type(module).forward(module, x, context=context, transformer_options=transformer_options)
+
+            patcher.object_patches[site.patch_key] = timer.wrap_forward(kind, inner)
+        return
+    options = patcher.model_options.setdefault("transformer_options", {})
+    replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
+    length = _image_length if rs.family(name).name.startswith("wan") else _sequence_length
+    index = 0
+    for kind, count in rs.dit_kinds(name, reduced=True).items():
+        for i in range(count):
+            key = (DIT_KEYS[kind], index if kind in ("joint", "joint_last") else i)
+            replace[key] = timer.wrap_dit(kind, length, replace.get(key))
+            index += 1
+
+
+def _image_length(args: dict) -> int:
+    """Wan: the block attends over the image tokens (the text is cross-attention)."""
+    return int(args["img"].shape[1])
+
+
+def _sequence_length(args: dict) -> int:
+    """Tokens a dit block attends over: txt + img for joint blocks, img (+txt for single blocks)."""
+    img = args.get("img", args.get("x"))
+    txt = args.get("txt")
+    n = int(img.shape[1]) if img is not None else 0
+    return n + (int(txt.shape[1]) if txt is not None and txt.ndim == 3 and txt.shape[-1] == img.shape[-1] else 0)
+
+
+# ------------------------------------------------------------------------------ calls
+
+
+def sampler_call(patcher: Any, x: torch.Tensor, cond: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """One model call at sigma 1 of a 2-step run, as a sampler makes it; a ToMA run is started as
+    its OUTER_SAMPLE wrapper starts one, and its plans are dropped before every call (each call
+    builds them)."""
+    import comfy.model_patcher
+    import comfy.patcher_extension
+
+    device = x.device
+    sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
+    b = x.shape[0]
+    options = comfy.model_patcher.create_model_options_clone(patcher.model_options)
+    to = options.setdefault("transformer_options", {})
+    to["wrappers"] = comfy.patcher_extension.copy_nested_dicts(patcher.wrappers)
+    to.update(sample_sigmas=sigmas, sigmas=sigmas[:1], cond_or_uncond=[0] * b, uuids=["probe"] * b)
+    key = rs.pack_module("nodes.settings").TOMA_KEY
+    state = None
+    if to.get(key) is not None:
+        state = to[key].fresh()
+        state.begin_run(patcher.get_model_object("model_sampling").percent_to_sigma, sigmas)
+        to[key] = state
+    t = sigmas[:1].expand(b)
+
+    def call() -> torch.Tensor:
+        if state is not None:
+            state.plans.clear()
+        with torch.no_grad():
+            return patcher.model.apply_model(x, t, transformer_options=dict(to), **cond)
+
+    return call
+
+
+def patch_all(patcher: Any, ratio: float, tile_size: int) -> Any:
+    """ToMA on every block (blocks 'all', every call merged) through the pack's patch_model."""
+    settings = rs.pack_module("nodes.settings")
+    schedule = rs.pack_module("toma_core").MergeSchedule()
+    return rs.pack_module("nodes.patching").patch_model(
+        patcher, settings.ToMASettings(ratio=ratio, tile_size=tile_size, blocks="all", schedule=schedule))
+
+
+def patch_model(patcher: Any, setting: Any) -> Any:
+    """`patcher` through the pack's patch_model at a realsize_model.Setting (scope block, min_tokens 0)."""
+    settings = rs.pack_module("nodes.settings")
+    return rs.pack_module("nodes.patching").patch_model(
+        patcher, settings.ToMASettings(ratio=setting.ratio, tile_size=setting.tile_size, schedule=setting.schedule(),
+                                       blocks=setting.blocks, min_tokens=0))
+
+
+def plan_ms(tokens: rs.Grid, channels: int, ratio: float, tile_size: int, clock: Clock, device: str, repeats: int = 2) -> float:
+    """ms of one plan (toma_core.make_plan on the features the hooks use) for a grid and width."""
+    core = rs.pack_module("toma_core")
+    features = rs.pack_module("nodes.machinery.merge").features
+    x = torch.randn((1, tokens.tokens, channels), device=device)
+    frames = {"frames": tokens.frames, "tile_frames": 2} if tokens.frames > 1 else {}
+    best = []
+    for _ in range(repeats):
+        start = clock.now()
+        core.make_plan(features(x), tokens.height, tokens.width, ratio, tile_size, **frames)
+        best.append(clock.now() - start)
+    return min(best)
+
+
+def width_of(name: str) -> int:
+    c = rs.family(name).unet_config
+    return int(c.get("hidden_size") or c.get("dim") or c.get("num_attention_heads", 0) * c.get("attention_head_dim", 0)
+               or 64 * c.get("depth", 0))
+
+
+def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds: int, device: str,
+          log: Callable[[str], None] = print, keep: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Time unmerged and merged calls of the few-block model on each grid, in turns; one record per
+    grid and round (block runs, call ms, the plan ms taken out of the first merged block per level).
+    keep(records of a grid) is called after each grid (to cache them as they come)."""
+    import comfy.model_management
+
+    clock = Clock(device)
+    base = build_reduced(name, device)
+    cond = conditioning(name, 1, device, torch.float32)
+    plain, merged = base.clone(), patch_all(base, ratio, tile_size)
+    timers = {"unmerged": BlockTimer(clock), "merged": BlockTimer(clock)}
+    install_timers(plain, name, timers["unmerged"])
+    install_timers(merged, name, timers["merged"])
+    records = []
+    fam = rs.family(name)
+    warm = latent(name, min(grids, key=lambda g: g.tokens), 1, device)
+    for patcher in (plain, merged):  # untimed: the first call of a model pays allocations
+        comfy.model_management.load_models_gpu([patcher])
+        sampler_call(patcher, warm, cond)()
+    for grid in grids:
+        x = latent(name, grid, 1, device)
+        calls = {"unmerged": (plain, sampler_call(plain, x, cond)), "merged": (merged, sampler_call(merged, x, cond))}
+        plans = {}
+        for r in range(rounds):
+            rec: dict[str, Any] = {"family": name, "grid": [grid.frames, grid.height, grid.width], "tokens": grid.tokens,
+                                   "ratio": ratio, "tile_size": tile_size, "round": r, "device": device}
+            for label, (patcher, fn) in calls.items():
+                comfy.model_management.load_models_gpu([patcher])
+                timers[label].records.clear()
+                start = clock.now()
+                fn()
+                rec[label] = {"call_ms": clock.now() - start, "blocks": list(timers[label].records)}
+            if not plans:
+                levels = sorted({n for _, n, _ in rec["merged"]["blocks"]}) if fam.unet else [grid.tokens]
+                for n in levels:
+                    level = _level_grid(grid, n) if fam.unet else grid
+                    plans[n] = plan_ms(level, _plan_width(name, rec, n), ratio, tile_size, clock, device)
+            rec["plan_ms"] = {str(n): ms for n, ms in plans.items()}
+            records.append(rec)
+            log(f"  {name} {grid}: round {r}: unmerged {rec['unmerged']['call_ms']:.0f} ms, merged {rec['merged']['call_ms']:.0f} ms")
+        if keep is not None:
+            keep([rec for rec in records if rec["grid"] == [grid.frames, grid.height, grid.width]])
+    del plain, merged, base
+    gc.collect()
+    return records
+
+
+def _level_grid(grid: rs.Grid, tokens: int) -> rs.Grid:
+    d = 1
+    while grid.level(d).tokens > tokens and d < 64:
+        d *= 2
+    return grid.level(d)
+
+
+def _plan_width(name: str, rec: dict[str, Any], tokens: int) -> int:
+    if not rs.family(name).unet:
+        return width_of(name)
+    kind = next(k for k, n, _ in rec["merged"]["blocks"] if n == tokens)
+    return int(kind.removeprefix("unet"))
+
+
+def attention_probe(head_dim: int, lengths: list[int], device: str, rounds: int = 1) -> list[dict[str, Any]]:
+    """ms of ComfyUI's optimized_attention (torch SDPA) on one head of head_dim at each length."""
+    from comfy.ldm.modules.attention import optimized_attention
+
+    clock = Clock(device)
+    out = []
+    for length in lengths:
+        q, k, v = (torch.randn((1, length, head_dim), device=device) for _ in range(3))
+        times = []
+        for _ in range(rounds + 1):
+            start = clock.now()
+            optimized_attention(q, k, v, 1)
+            times.append(clock.now() - start)
+        out.append({"head_dim": head_dim, "length": length, "ms": min(times[1:])})
+    return out

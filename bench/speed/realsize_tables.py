@@ -1,0 +1,83 @@
+"""Markdown tables of the real-size cost model (bench/speed/realsize.py `table`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import realsize_model as model
+from . import realsize_setup as rs
+
+
+def settings_from(path: Path | None) -> list[model.Setting]:
+    """Settings listed in a JSON file (a list of Setting fields), e.g. the search's Pareto front."""
+    if path is None:
+        return []
+    return [model.Setting(**entry) for entry in json.loads(path.read_text())]
+
+
+def resolutions_of(name: str) -> list[str]:
+    return ["480p", "720p"] if rs.family(name).video else ["1024", "2048"]
+
+
+def run_text(name: str, resolution: str) -> str:
+    fam = rs.family(name)
+    calls = rs.calls_per_evaluation(name)
+    frames = ", 81 frames" if fam.video else ""
+    return (f"{fam.steps} steps {fam.sampler} / {fam.scheduler}, {rs.sampling_text(name, resolution)}, "
+            f"cfg {fam.cfg:g} ({calls} sample{'s' if calls > 1 else ''} per call){frames}")
+
+
+def family_table(cache: dict[str, Any], name: str, resolution: str, settings: list[model.Setting], plans: Any) -> str:
+    """One family at one resolution: a row per setting."""
+    cost = model.fit_family(name, cache)
+    fam = rs.family(name)
+    width, height = rs.RESOLUTIONS[resolution]
+    grid = rs.grid_for(name, width, height, 81)
+    measured = grid.tokens in cost.probe_tokens
+    tokens = (f"latent {grid.height} x {grid.width}: {grid.level(2).tokens:,} tokens at the 1/2 level, {grid.level(4).tokens:,} at 1/4"
+              if fam.unet else f"{grid.tokens:,} image tokens + {fam.text_len} text")
+    head = (f"**{fam.title}, {resolution}** ({width} x {height}; {tokens}): {run_text(name, resolution)}. Block times "
+            + ("measured at this token count." if measured else
+               f"fitted (a + b L + heads x SDPA(L)) from probes at {', '.join(f'{n:,}' for n in cost.probe_tokens)} tokens.")
+            + f" Clock spread over repeats: {_pct(cost.noise)}.")
+    rows = ["| setting | evaluations merged | blocks merged | per merged block | predicted speed-up |", "|---|---:|---:|---|---:|"]
+    for s in settings:
+        p = model.predict(cost, resolution, s, 81, plan_ms=plans)
+        per = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(p.per_block_speedup.items()))
+        rows.append(f"| {s.label()} | {p.merged_evaluations}/{p.evaluations} | {p.blocks_merged}/{p.blocks} | {per} | **{p.speedup:.2f}x** |")
+    return head + "\n\n" + "\n".join(rows)
+
+
+def _pct(x: float) -> str:
+    return "one round" if x != x else f"{x * 100:.1f} %"
+
+
+def all_tables(cache: dict[str, Any], families: list[str], plans: Any, settings: list[model.Setting]) -> str:
+    out = []
+    for name in families:
+        if not any(r["family"] == name for r in cache["probes"]):
+            out.append(f"**{rs.family(name).title}**: not measured yet (`python -m bench.speed.realsize measure --families {name}`).")
+            continue
+        for resolution in resolutions_of(name):
+            out.append(family_table(cache, name, resolution, settings, plans))
+    return "\n\n".join(out) + "\n"
+
+
+def probe_table(cache: dict[str, Any], name: str) -> str:
+    """The measured blocks of one family: kind, tokens, unmerged / merged ms and the fit at them."""
+    cost = model.fit_family(name, cache)
+    rows = ["| family | kind | C | image tokens N | block tokens L | unmerged ms | merged ms (ratio 0.5) | fit unmerged ms | merge overhead ms/token |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in (r for r in cache["probes"] if r["family"] == name):
+        merged = {}
+        for kind, length, ms in r["merged"]["blocks"]:
+            merged.setdefault((kind, length), []).append(ms)
+        for kind, length, ms in r["unmerged"]["blocks"]:
+            c = model._channels(name, kind)
+            n = length if rs.family(name).unet else r["tokens"]
+            m = merged.get((kind, length), [float("nan")])[0]
+            rows.append(f"| {name} | {kind} | {c} | {n:,} | {length:,} | {ms:.0f} | {m:.0f} | {cost.curves[kind].ms(length):.0f} | "
+                        f"{cost.curves[kind].overhead:.4f} |")
+    return "\n".join(rows)

@@ -1,0 +1,84 @@
+"""The real-size cost model's untimed parts (bench/speed/realsize_setup.py, realsize_model.py):
+evaluations counted on ComfyUI's own schedules and samplers, block lists from the real classes on
+the meta device, and how block times combine into a run's speed-up. No timing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.speed import realsize_model as model
+from bench.speed import realsize_setup as rs
+
+
+@pytest.fixture(scope="module")
+def schedule(comfy: Path):
+    return rs.pack_module("toma_core").MergeSchedule
+
+
+def test_flux_steps_merge_exactly_inside_the_sigma_window(schedule) -> None:
+    ms = rs.model_sampling("flux", "1024")
+    sigmas = [float(s) for s in rs.run_sigmas("flux", "1024", 20, "simple")]
+    for start in (0.0, 0.4, 0.75):
+        evals = rs.evaluations("flux", "1024", schedule(start, 1.0))
+        assert [e.sigma for e in evals] == pytest.approx(sigmas[:-1])  # euler: one evaluation per step
+        top, bottom = ms.percent_to_sigma(start), ms.percent_to_sigma(1.0)
+        assert [e.merge for e in evals] == [bottom < e.sigma <= top for e in evals]
+    counts = [sum(e.merge for e in rs.evaluations("flux", "1024", schedule(s, 1.0))) for s in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    assert counts[0] == 20 and counts[-1] == 0 and counts == sorted(counts, reverse=True)
+
+
+def test_merge_every_and_recompute_follow_the_pack_schedule(schedule) -> None:
+    evals = rs.evaluations("sdxl", "1024", schedule(0.0, 1.0, recompute_every=1, merge_every=2))
+    assert len(evals) == 30 and sum(e.merge for e in evals) == 15
+    reuse = rs.evaluations("sdxl", "1024", schedule(0.0, 1.0, recompute_every=4))
+    assert sum(e.reselect for e in reuse) == math.ceil(30 / 4)
+
+
+def test_heun_evaluates_twice_per_step_but_the_last(schedule) -> None:
+    evals = rs.evaluations("sdxl", "1024", schedule(0.5, 1.0), steps=10, sampler="heun")
+    assert len(evals) == 2 * 10 - 1
+    assert {e.step for e in evals} == set(range(10))
+
+
+def test_block_lists_come_from_the_real_classes(comfy: Path) -> None:
+    flux = rs.block_sites("flux", "all")
+    assert len(flux) == 19 + 38 and all(s.selected for s in flux)
+    auto = rs.block_sites("flux", "auto")
+    parsed = rs.pack_module("nodes.machinery.dit_blocks").parse_flux_blocks("auto", 19, 38)
+    assert sum(s.selected for s in auto) == parsed.count < len(auto)
+    sdxl = rs.block_sites("sdxl", "auto")
+    assert sorted({(s.kind, s.level) for s in sdxl}) == [("unet1280", 4), ("unet640", 2)]
+    assert sum(s.level == 2 for s in sdxl) == 10 and sum(s.level == 4 for s in sdxl) == 60
+    sd15 = rs.block_sites("sd15", "auto")
+    assert [s.level for s in sd15 if not s.selected] == [8]
+    assert rs.dit_kinds("flux", reduced=True) == {"double": 1, "single": 1}
+
+
+def _toy_cost() -> model.FamilyCost:
+    curves = {kind: model.KindCurve(a=1.0, b=0.01, heads=1, alpha=1e-6, beta=0.0) for kind in ("double", "single")}
+    return model.FamilyCost("flux", curves, {"unmerged": (5.0, 0.0), "merged": (5.0, 0.0)}, [], float("nan"), {})
+
+
+def test_an_empty_window_or_no_merged_block_predicts_no_change(comfy: Path) -> None:
+    cost = _toy_cost()
+    assert model.predict(cost, "1024", model.Setting(0.5, 4, 1.0)).speedup == pytest.approx(1.0)
+    assert model.predict(cost, "1024", model.Setting(0.0, 4, 0.0)).speedup == pytest.approx(1.0)
+
+
+def test_speedup_combines_merged_share_of_steps_and_blocks(comfy: Path) -> None:
+    cost = _toy_cost()
+    grid = rs.grid_for("flux", 1024, 1024)
+    full = model.predict(cost, "1024", model.Setting(0.5, 4, 0.0, blocks="all"))
+    half = model.predict(cost, "1024", model.Setting(0.5, 4, 0.0, merge_every=2, blocks="all"))
+    unmerged_call = full.unmerged_ms / full.evaluations
+    merged_call = full.merged_ms / full.evaluations
+    assert half.merged_ms == pytest.approx(10 * merged_call + 10 * unmerged_call)
+    d = rs.kept_tokens(grid, 0.5, 4)
+    t = cost.curves["double"]
+    expected = 5.0 + 57 * t.ms(d + 256)
+    assert merged_call == pytest.approx(expected)
+    ratios = [model.predict(cost, "1024", model.Setting(r, 4, 0.0)).speedup for r in (0.25, 0.5, 0.75)]
+    assert ratios == sorted(ratios) and ratios[0] > 1.0
