@@ -55,7 +55,7 @@ ATTENTION = {128: [2048, 4096, 8192, 16384], 64: [2048, 4096, 8192], 40: [2048, 
 PROBE_RATIO, PROBE_TILE = 0.5, 4
 
 DEFAULT_SETTING = model.Setting(0.5, 4, 0.75)
-"""The basic node's defaults before issue 18 (start_percent 0.75), for the tables' first row."""
+"""The basic node's defaults of version 0.1.0 (start_percent 0.75, tile 4), for the tables' first row."""
 
 
 def load_cache(path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A soak on a live ComfyUI server, as users run one for days (issue 21 point 1).
+"""A soak on a live ComfyUI server, as users run one for days.
 
 One server (``main.py --cpu``, started as the other live tests start theirs: live_comfy.py, with
 one torch thread) gets ``PROMPTS`` prompts through ``/prompt`` on the tiny Flux, SD1.5-class and
