@@ -152,14 +152,15 @@ def install_timers(patcher: Any, name: str, timer: BlockTimer) -> None:
     if fam.unet:
         for site in rs.pack_module("nodes.families.unet_sites").find_sites(dm):
             kind = f"unet{int(site.module.attn1.to_q.weight.shape[0])}"
-            inner = patcher.object_patches.get(site.patch_key)
+            key = f"diffusion_model.{site.path}.forward"  # as nodes/machinery/hooks.install_forward_patches names it
+            inner = patcher.object_patches.get(key)
             if inner is None:
                 module = site.module
 
                 def inner(x, context=None, transformer_options={}, module=module):  # noqa: B006
                     return type(module).forward(module, x, context=context, transformer_options=transformer_options)
 
-            patcher.object_patches[site.patch_key] = timer.wrap_forward(kind, inner)
+            patcher.object_patches[key] = timer.wrap_forward(kind, inner)
         return
     options = patcher.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
