@@ -8,8 +8,9 @@ n tokens per tile, k destinations per tile.
 
 from __future__ import annotations
 
+from .checks import check_plan_args
 from .facility import facility_location, greedy_with_gains
-from .plan import BUDGETS, UNMERGES, MergePlan, TiledMergePlan, check_plan_args, make_plan
+from .plan import BUDGETS, UNMERGES, MergePlan, TiledMergePlan, make_plan
 from .schedule import MergeSchedule, SigmaWindow, StepDecision, step_index
 from .similarity import SIMILARITIES
 from .tiling import TileGrid, kept_per_tile

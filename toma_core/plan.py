@@ -7,10 +7,9 @@ batched matmuls over tiles: (B, G, k, n) @ (B, G, n, C); no sort, no scatter.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .checks import check_plan_args, whole
 from .facility import facility_location, greedy_with_gains
 from .similarity import check_similarity, pairwise, prepare_features
 from .tiling import TileGrid
@@ -190,26 +189,6 @@ def adaptive_slots(gains: torch.Tensor, num_kept: int) -> tuple[torch.Tensor, tu
     kept = torch.where(valid, positions - g * k, positions).topk(num_kept, dim=1, largest=False).indices
     source = (valid.long().cumsum(1) - 1).clamp_min(0)
     return valid.view(-1, g, k), (kept, source)
-
-
-def check_plan_args(height: int, width: int, ratio: float, tile_size: int, temperature: float) -> None:
-    """Reject illegal plan settings with a ValueError that names the value and the allowed range."""
-    if not 0.0 <= ratio < 1.0:
-        raise ValueError(f"ratio={ratio} is outside [0, 1): it is the share of tokens merged away")
-    if not whole(tile_size, 1):
-        raise ValueError(f"tile_size={tile_size} must be an integer >= 1 (tokens per tile side)")
-    if not (whole(height, 1) and whole(width, 1)):
-        raise ValueError(f"grid {height}x{width} is empty; height and width must be integers >= 1")
-    if not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature={temperature} must be >= 0 and finite (0 = hard nearest-destination assignment)")
-
-
-def whole(value: object, low: int) -> bool:
-    """True for an integer (int, SymInt under torch.compile, numpy int) or a float without fraction
-    that is >= low; never for NaN, inf, a bool or a non-number."""
-    if isinstance(value, float):
-        return math.isfinite(value) and value.is_integer() and value >= low
-    return not isinstance(value, bool) and hasattr(value, "__index__") and value >= low
 
 
 def assignment(dst_sim: torch.Tensor, slot_valid: torch.Tensor, temperature: float) -> torch.Tensor:

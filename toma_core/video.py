@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .plan import MergePlan, check_plan_args, make_plan, whole
+from .checks import check_plan_args, whole
+from .plan import MergePlan, make_plan
 
 
 @dataclass(frozen=True)
