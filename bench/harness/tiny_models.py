@@ -133,7 +133,9 @@ def init_weights(module: torch.nn.Module, seed: int | None = None, gain: float =
     kernel area for a conv): activations stay O(1) through many blocks. With ``seed`` the normals
     are drawn on the CPU from a generator seeded with it (deterministic on any device); with None
     they are drawn in place, on the parameter's device and dtype, from torch's global RNG (the
-    benchmarks: seeded by ``torch.manual_seed``, fast for real model sizes on a GPU).
+    benchmarks: seeded by ``torch.manual_seed``, fast for real model sizes on a GPU). Floating
+    buffers of 2 or more dims that hold non-finite values (left empty by ``comfy.ops``, e.g. a
+    positional table) get normal(0, 0.1).
     """
     gen = None if seed is None else torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -148,6 +150,9 @@ def init_weights(module: torch.nn.Module, seed: int | None = None, gain: float =
                     param.normal_(0.0, std)
                 else:
                     param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
+        for buffer in module.buffers():
+            if buffer.is_floating_point() and buffer.ndim >= 2 and not torch.isfinite(buffer).all():
+                buffer.normal_(0.0, 0.1)
 
 
 def zero_weights(module: torch.nn.Module) -> None:

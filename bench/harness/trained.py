@@ -52,6 +52,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .tiny_models import init_weights
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,19 +277,6 @@ def build_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
     return model_config.get_model({})
 
 
-def random_init(module: torch.nn.Module, seed: int = RANDOM_INIT_SEED) -> None:
-    """Seeded init of every parameter: biases 0, 1-d weights (norm gains) 1, matrices N(0, 1/fan_in)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            if name.endswith("bias"):
-                param.zero_()
-            elif param.ndim <= 1:
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param[0].numel()))
-
-
 def _read_fixture(family: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -305,7 +294,7 @@ def load_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
         model.diffusion_model.load_state_dict(state, strict=True)
     else:
         log.warning("%s missing: %s has random weights", weights_path(family), family)
-        random_init(model.diffusion_model)
+        init_weights(model.diffusion_model, RANDOM_INIT_SEED)
     model.eval()
     device = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from ..harness import cli
 from ..harness import trained
+from ..harness.tiny_models import init_weights
 
 COLOUR_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 GREY_PHOTOS = ("camera", "grass", "gravel", "brick")
@@ -257,7 +258,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     model = trained.build_model(family)
-    trained.random_init(model.diffusion_model, args.seed)
+    init_weights(model.diffusion_model, args.seed)
     zero_init_outputs(model)
     model.train()
     ema = copy.deepcopy(model.diffusion_model).eval().requires_grad_(False)

@@ -21,7 +21,6 @@ count) or wall time after a CUDA synchronise (--device cuda).
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..harness.tiny_models import init_weights
 from . import realsize_setup as rs
 
 
@@ -45,22 +45,6 @@ class Clock:
         return time.process_time() * 1000
 
 
-def init_weights(module: torch.nn.Module, seed: int = 0) -> None:
-    """Random weights: biases 0, 1-d gains 1, matrices normal / sqrt(fan_in) (comfy.ops leaves them empty)."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            if name.endswith("bias"):
-                param.zero_()
-            elif param.ndim <= 1:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 1.0 / math.sqrt(param[0].numel()))
-        for buffer in module.buffers():
-            if buffer.is_floating_point() and buffer.ndim >= 2 and not torch.isfinite(buffer).all():
-                buffer.normal_(0.0, 0.1)
-
-
 def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32) -> Any:
     """The family's few-block model at the real width, random weights, in a ModelPatcher."""
     import comfy.model_patcher
@@ -73,6 +57,7 @@ def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32) ->
     config.set_inference_dtype(dtype, None)
     dev = torch.device(device)
     model = config.get_model({}, device=dev)
+    torch.manual_seed(0)
     init_weights(model.diffusion_model)
     pos_embed = getattr(model.diffusion_model, "pos_embed", None)
     if isinstance(pos_embed, torch.Tensor):
@@ -152,7 +137,7 @@ def install_timers(patcher: Any, name: str, timer: BlockTimer) -> None:
     if fam.unet:
         for site in rs.pack_module("nodes.families.unet_sites").find_sites(dm):
             kind = f"unet{int(site.module.attn1.to_q.weight.shape[0])}"
-            key = f"diffusion_model.{site.path}.forward"  # as nodes/machinery/hooks.install_forward_patches names it
+            key = rs.pack_module("nodes.machinery.hooks").forward_patch_key(site.path)
             inner = patcher.object_patches.get(key)
             if inner is None:
                 module = site.module

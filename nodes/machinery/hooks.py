@@ -88,13 +88,18 @@ def make_dit_hook(merged_block: MergedBlock, group: str, foreign=None):
     return toma_block
 
 
+def forward_patch_key(path: str) -> str:
+    """The object-patch key of the forward of the diffusion model's submodule at `path`."""
+    return f"diffusion_model.{path}.forward"
+
+
 def install_forward_patches(model, paths: dict[str, bool], make_forward: Callable[[str, Callable | None], Callable]) -> None:
     """Object-patch `diffusion_model.<path>.forward` for every path selected in `paths` (path ->
     selected). make_forward(path, foreign) builds the patch; foreign is another pack's object
     patch already there (it then runs in place of the class's forward). Earlier ToMA patches are
     removed first, restoring what they wrapped."""
     for path, selected in paths.items():
-        key = f"diffusion_model.{path}.forward"
+        key = forward_patch_key(path)
         entry = model.object_patches.get(key)
         foreign = getattr(entry, "toma_foreign", None) if is_toma(entry) else entry
         if selected:
