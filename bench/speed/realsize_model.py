@@ -97,18 +97,35 @@ def attention_fit(points: list[dict[str, Any]], head_dim: int) -> tuple[float, f
 
 @dataclass
 class KindCurve:
-    """t(L) = a + b L + heads attn(L) of one block kind, and its merge overhead o per image token."""
+    """t(L) = a + b L + heads attn(L) of one block kind, and its merge correction at N image tokens.
+
+    `corrections` holds, per probed N, the mean of (merged block ms - its plan - t(D + text)): the
+    merge / unmerge work plus the curve's own error at the kept length, which is large where the
+    fit is far from its points (a block on a few hundred tokens runs below the GEMMs' best rate).
+    Between probes it is interpolated linearly in N, beyond them scaled with N from the nearest."""
 
     a: float
     b: float
     heads: int
     alpha: float
     beta: float
-    overhead: float = 0.0
+    corrections: list[tuple[int, float]] = field(default_factory=list)
     probe_lengths: list[int] = field(default_factory=list)
 
     def ms(self, length: float) -> float:
         return self.a + self.b * length + self.heads * (self.alpha * length ** 2 + self.beta * length)
+
+    def merge_correction(self, tokens: int) -> float:
+        """ms to add to t(D + text) for a merged block on `tokens` image tokens."""
+        points = self.corrections
+        if not points:
+            return 0.0
+        if tokens <= points[0][0]:
+            return points[0][1] * tokens / points[0][0]
+        for (n0, c0), (n1, c1) in zip(points, points[1:]):
+            if tokens <= n1:
+                return c0 + (c1 - c0) * (tokens - n0) / (n1 - n0)
+        return points[-1][1] * tokens / points[-1][0]
 
 
 @dataclass
@@ -154,21 +171,23 @@ def fit_family(name: str, cache: dict[str, Any]) -> FamilyCost:
         curve = KindCurve(0.0, 0.0, heads, alpha, beta, probe_lengths=sorted({length for length, _ in runs}))
         curve.a, curve.b = _linear([(length, ms - heads * (alpha * length ** 2 + beta * length)) for length, ms in runs])
         curves[kind] = curve
+    residuals: dict[tuple[str, int], list[float]] = {}
     for r in records:
-        _overheads(name, r, curves)
-    for curve in curves.values():
-        values = curve.__dict__.pop("_o", [])
-        curve.overhead = max(0.0, sum(r for r, _ in values) / sum(n for _, n in values)) if values else 0.0
+        for kind, n, residual in _merge_residuals(name, r, curves):
+            residuals.setdefault((kind, n), []).append(residual)
+    for (kind, n), values in sorted(residuals.items()):
+        curves[kind].corrections.append((n, statistics.mean(values)))
     nonblock = {label: _linear([(r["tokens"], r[label]["call_ms"] - sum(ms for *_, ms in r[label]["blocks"])) for r in records])
                 for label in ("unmerged", "merged")}
     noise = _noise(records)
     return FamilyCost(name, curves, nonblock, sorted({r["tokens"] for r in records}), noise, cache.get("plans", {}))
 
 
-def _overheads(name: str, record: dict[str, Any], curves: dict[str, KindCurve]) -> None:
-    """Per merged block run: (its ms - the plan it built - the curve at its kept tokens, N)."""
+def _merge_residuals(name: str, record: dict[str, Any], curves: dict[str, KindCurve]) -> list[tuple[str, int, float]]:
+    """Per merged block run of a probe: (kind, N, its ms - the plan it built - the curve at its kept length)."""
     fam = rs.family(name)
     seen: set[int] = set()
+    out = []
     grid = rs.Grid(*record["grid"][1:], record["grid"][0])
     for kind, length, ms in record["merged"]["blocks"]:
         if kind not in curves:
@@ -181,7 +200,8 @@ def _overheads(name: str, record: dict[str, Any], curves: dict[str, KindCurve]) 
         if n not in seen:
             plan = float(record["plan_ms"].get(str(n), 0.0))
             seen.add(n)
-        curves[kind].__dict__.setdefault("_o", []).append((ms - plan - curves[kind].ms(d + text), n))
+        out.append((kind, n, ms - plan - curves[kind].ms(d + text)))
+    return out
 
 
 def _grid_of(grid: rs.Grid, tokens: int) -> rs.Grid:
@@ -247,7 +267,7 @@ def predict(cost: FamilyCost, resolution: str, setting: Setting, frames: int = 8
         text = block_length(name, kind, n) - n
         d = rs.kept_tokens(level, setting.ratio, setting.tile_size)
         curve = cost.curves[kind]
-        per_block[kind] = curve.ms(n + text) / (curve.ms(d + text) + curve.overhead * n)
+        per_block[kind] = curve.ms(n + text) / (curve.ms(d + text) + curve.merge_correction(n))
     return Prediction(
         name, resolution, setting, total_u / total_m, total_u, total_m, len(evals), sum(e.merge for e in evals),
         sum(s.selected for s in sites), len(sites), per_block, grid.tokens in cost.probe_tokens,
@@ -270,7 +290,7 @@ def _call_times(cost: FamilyCost, grid: rs.Grid, sites: list[rs.BlockSite], sett
         unmerged += curve.ms(length)
         if site.selected:
             d = rs.kept_tokens(level, setting.ratio, setting.tile_size)
-            merged += curve.ms(length - n + d) + curve.overhead * n
+            merged += curve.ms(length - n + d) + curve.merge_correction(n)
             levels[site.level] = _channels(name, site.kind)
         else:
             merged += curve.ms(length)

@@ -66,9 +66,10 @@ def all_tables(cache: dict[str, Any], families: list[str], plans: Any, settings:
 
 
 def probe_table(cache: dict[str, Any], name: str) -> str:
-    """The measured blocks of one family: kind, tokens, unmerged / merged ms and the fit at them."""
+    """The measured blocks of one family: kind, tokens, unmerged / merged ms, the fit at them and the
+merge correction (KindCurve.merge_correction) at their N."""
     cost = model.fit_family(name, cache)
-    rows = ["| family | kind | C | image tokens N | block tokens L | unmerged ms | merged ms (ratio 0.5) | fit unmerged ms | merge overhead ms/token |",
+    rows = ["| family | kind | C | image tokens N | block tokens L | unmerged ms | merged ms (ratio 0.5) | fit unmerged ms | merge correction ms |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in (r for r in cache["probes"] if r["family"] == name):
         merged = {}
@@ -78,6 +79,7 @@ def probe_table(cache: dict[str, Any], name: str) -> str:
             c = model._channels(name, kind)
             n = length if rs.family(name).unet else r["tokens"]
             m = merged.get((kind, length), [float("nan")])[0]
-            rows.append(f"| {name} | {kind} | {c} | {n:,} | {length:,} | {ms:.0f} | {m:.0f} | {cost.curves[kind].ms(length):.0f} | "
-                        f"{cost.curves[kind].overhead:.4f} |")
+            curve = cost.curves[kind]
+            rows.append(f"| {name} | {kind} | {c} | {n:,} | {length:,} | {ms:.0f} | {m:.0f} | {curve.ms(length):.0f} | "
+                        f"{curve.merge_correction(n):+.0f} |")
     return "\n".join(rows)

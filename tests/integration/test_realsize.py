@@ -82,3 +82,29 @@ def test_speedup_combines_merged_share_of_steps_and_blocks(comfy: Path) -> None:
     assert merged_call == pytest.approx(expected)
     ratios = [model.predict(cost, "1024", model.Setting(r, 4, 0.0)).speedup for r in (0.25, 0.5, 0.75)]
     assert ratios == sorted(ratios) and ratios[0] > 1.0
+
+
+def test_merge_correction_meets_each_probe_and_stays_between_them() -> None:
+    curve = model.KindCurve(a=0.0, b=1.0, heads=1, alpha=0.0, beta=0.0, corrections=[(1000, 40.0), (4000, -20.0)])
+    assert curve.merge_correction(1000) == pytest.approx(40.0)
+    assert curve.merge_correction(4000) == pytest.approx(-20.0)
+    assert curve.merge_correction(2500) == pytest.approx(10.0)
+    assert curve.merge_correction(500) == pytest.approx(20.0)  # scaled with N below the first probe
+    assert curve.merge_correction(8000) == pytest.approx(-40.0)  # and above the last
+    assert model.KindCurve(a=0.0, b=1.0, heads=1, alpha=0.0, beta=0.0).merge_correction(1234) == 0.0
+
+
+def test_a_probed_size_predicts_its_measured_merged_blocks(comfy: Path) -> None:
+    """At a probed token count and the probes' setting, a merged block is predicted at its measured
+    time (plan taken out), whatever the fit's error at the kept length."""
+    from bench.speed import realsize
+
+    cache = realsize.load_cache(realsize.CACHE)
+    for name in ("flux", "sdxl"):
+        cost = model.fit_family(name, cache)
+        for record in (r for r in cache["probes"] if r["family"] == name):
+            measured: dict[tuple[str, int], list[float]] = {}
+            for kind, n, residual in model._merge_residuals(name, record, cost.curves):
+                measured.setdefault((kind, n), []).append(residual)
+            for (kind, n), residuals in measured.items():
+                assert cost.curves[kind].merge_correction(n) == pytest.approx(sum(residuals) / len(residuals)), (name, kind, n)
