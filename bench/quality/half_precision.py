@@ -179,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", nargs="+", default=["flux", "sdxl"], choices=list(trained.FAMILIES))
     p.add_argument("--steps", nargs="+", type=int, default=[4, 10, 16], help="mid-run steps to compare at")
+    p.add_argument("--tie-tolerance", type=float, default=None,
+                   help="replace toma_core.facility.TIE_TOLERANCE for this run (what-if; the pack ships its own)")
+    p.add_argument("--no-images", action="store_true", help="skip the whole-run image comparison (slow in bf16 on a CPU)")
     args = p.parse_args(argv)
+    if args.tie_tolerance is not None:
+        pack_module("toma_core.facility").TIE_TOLERANCE = args.tie_tolerance
     result = comfy_env.import_comfy()
     if isinstance(result, str):
         sys.exit(result)
@@ -187,10 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     steps, images = [], []
     for family in args.families:
         for step in args.steps:
-            steps += step_errors(family, step)
-            print(json.dumps(steps[-1]), flush=True)
-        images += image_psnr(family)
-        print(json.dumps(images[-1]), flush=True)
+            for row in step_errors(family, step):
+                steps.append(row)
+                print(json.dumps(row), flush=True)
+        for row in [] if args.no_images else image_psnr(family):
+            images.append(row)
+            print(json.dumps(row), flush=True)
     print(markdown(steps, images))
     return 0
 

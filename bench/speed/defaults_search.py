@@ -1,8 +1,8 @@
 """The search that chose the basic node's defaults: fixture quality of candidate settings beside their
 predicted real-size speed-ups on Flux.1-dev (20 steps) and SDXL (30 steps) at 1024 x 1024.
 
-    python -m bench.speed.defaults_search quality --out bench/out/defaults_search.json   # sample the fixtures
-    python -m bench.speed.defaults_search table --quality bench/out/defaults_search.json  # the search table
+    python -m bench.speed.defaults_search quality     # sample the fixtures -> bench/speed/defaults_search_fixtures.json
+    python -m bench.speed.defaults_search table       # the search table from that record and the cost model
 
 Criterion: among the settings whose predicted end-to-end speed-up (bench/speed/realsize.py) is
 >= 1.25x on both Flux.1-dev and SDXL at 1024 px, the best mean fixture quality (PSNR against the
@@ -28,7 +28,8 @@ from typing import Any
 
 from . import realsize_model as model
 
-ROOT = Path(__file__).resolve().parents[2]
+QUALITY = Path(__file__).resolve().parent / "defaults_search_fixtures.json"
+"""The committed record of the last `quality` run (5 seeds, every candidate)."""
 
 CANDIDATES: list[model.Setting] = [
     model.Setting(0.5, 4, 0.75),
@@ -184,11 +185,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     q = sub.add_parser("quality")
     q.add_argument("--families", nargs="+", default=["flux", "sdxl"])
     q.add_argument("--seeds", type=int, default=5)
-    q.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "defaults_search.json")
+    q.add_argument("--out", type=Path, default=QUALITY)
     q.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
     q.add_argument("--steps-rows", action=argparse.BooleanOptionalAction, default=True, help="also sample the fewer-steps rows")
     t = sub.add_parser("table")
-    t.add_argument("--quality", type=Path, nargs="+", default=[ROOT / "bench" / "out" / "defaults_search.json"])
+    t.add_argument("--quality", type=Path, nargs="+", default=[QUALITY])
     t.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
     t.add_argument("--cache", type=Path, default=realsize.CACHE)
     t.add_argument("--min-speedup", type=float, default=1.25)
