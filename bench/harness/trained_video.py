@@ -131,7 +131,9 @@ def decode(latent: torch.Tensor) -> torch.Tensor:
 
 def _view(photo: torch.Tensor, top: float, left: float, side: float, size: int) -> torch.Tensor:
     """(3, size, size): the square view of `photo` at (top, left) of `side` px, antialiased resize."""
-    t, l, s = int(round(top)), int(round(left)), max(1, int(round(side)))
+    s = max(1, min(int(round(side)), *photo.shape[1:]))
+    t = min(max(0, int(round(top))), photo.shape[1] - s)
+    l = min(max(0, int(round(left))), photo.shape[2] - s)
     crop = photo[None, :, t:t + s, l:l + s]
     return F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
 
@@ -162,6 +164,7 @@ def make_clip(photos: list[torch.Tensor], kind: str, gen: torch.Generator, speed
     elif kind == "zoom":
         factor = math.exp(_uniform(gen, -math.log(1.6), math.log(1.6)))
         sides = [side * factor ** (f / (frames - 1)) for f in range(frames)]
+        sides = [s * min(1.0, (short - 1) / max(sides)) for s in sides]
         big = max(sides)
         cy, cx = _uniform(gen, big / 2, photo.shape[1] - big / 2), _uniform(gen, big / 2, photo.shape[2] - big / 2)
         shots = [_view(photo, cy - s / 2, cx - s / 2, s, size) for s in sides]
