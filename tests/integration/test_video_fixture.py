@@ -1,0 +1,156 @@
+"""The trained Wan fixture (fixtures/wan.safetensors, bench/harness/trained_video.py,
+bench/quality/train_video_fixture.py) and the video defaults' quality on it.
+
+The fixture loads into ComfyUI's own WAN21 / WanModel with the shipped weights; the clip codec is a
+float-precision round trip; the synthetic clips move as they claim (a still pan repeats its frame, a
+moving crop leaves the background alone); the training objective backpropagates through the real
+blocks; a 20-step sample through ``comfy.sample.sample`` decodes to a clip whose frames are
+correlated like footage, not like noise. fixtures/video_baseline.json records the PSNR and flicker
+of the video defaults (``bench/quality/video_baseline.py --write``): a drop beyond the margins, or
+settings that no longer match the record, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+MARGIN_DB = 1.0
+"""Allowed drop of a setting's mean PSNR (float differences between CPUs may flip a near-tie)."""
+FLICKER_MARGIN = 0.02
+"""Allowed rise of a setting's mean flicker (relative error of frame-to-frame differences)."""
+MIN_SPATIAL, MIN_TEMPORAL = 0.5, 0.5
+"""Lag-1 correlation of neighbouring pixels and of consecutive frames a seed-0 sample must exceed."""
+
+
+@pytest.fixture(scope="module")
+def tv(comfy: Path) -> Any:
+    from bench.harness import trained_video
+
+    return trained_video
+
+
+@pytest.fixture(scope="module")
+def patcher(tv: Any) -> Any:
+    assert tv.available(), f"{tv.weights_path()} is not shipped"
+    return tv.load_model()
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[torch.Tensor]:
+    from bench.quality.train_fixtures import load_photos
+
+    return load_photos()
+
+
+def _lag1(x: torch.Tensor, dim: int) -> float:
+    """Correlation of neighbours along `dim` of (3, F, H, W) clips, means removed per frame."""
+    x = x - x.mean(dim=(-2, -1), keepdim=True)
+    n = x.shape[dim]
+    return float((x.narrow(dim, 1, n - 1) * x.narrow(dim, 0, n - 1)).mean() / (x * x).mean())
+
+
+def test_fixture_is_comfy_wan_with_the_shipped_weights(patcher: Any, tv: Any) -> None:
+    import comfy.ldm.wan.model
+    import comfy.model_base
+    from safetensors.torch import load_file
+
+    assert type(patcher.model) is comfy.model_base.WAN21
+    assert type(patcher.model.diffusion_model) is comfy.ldm.wan.model.WanModel
+    stored = {k: v for k, v in load_file(str(tv.weights_path())).items() if not k.startswith("conditioning.")}
+    state = patcher.model.diffusion_model.state_dict()
+    assert set(stored) == set(state) and all(v.dtype == torch.float16 for v in stored.values())
+    assert all(torch.equal(state[k], v.float()) for k, v in stored.items())
+    assert tv.metadata()["unet_config"] == json.loads(json.dumps(tv.WAN_CONFIG))
+
+
+def test_codec_round_trip_and_token_count(tv: Any) -> None:
+    clips = torch.rand((2, 3, tv.FRAMES, tv.PIXELS, tv.PIXELS), generator=torch.Generator().manual_seed(3))
+    latent = tv.encode(clips)
+    assert tuple(latent.shape) == tv.latent_shape(2)
+    assert torch.allclose(tv.decode(latent), clips, atol=1e-6)
+    _, _, frames, h, w = latent.shape
+    assert frames >= 9 and (h // 2) * (w // 2) >= 256  # patch (1, 2, 2): at least 9 x 16 x 16 tokens
+
+
+def test_clips_move_as_described(tv: Any, photos: list[torch.Tensor]) -> None:
+    gen = torch.Generator().manual_seed(5)
+    still = tv.make_clip(photos, "pan", gen, speed=0.0)
+    assert torch.equal(still[:, 0], still[:, -1])
+    moving = tv.make_clip(photos, "pan", gen, speed=6.0)
+    assert not torch.equal(moving[:, 0], moving[:, 1])
+    sprite = tv.make_clip(photos, "sprite", gen)
+    changed = (sprite[:, 0] != sprite[:, -1]).any(0).float().mean()
+    assert 0 < float(changed) < 0.6  # the crop moved; most of the background did not
+    for kind in tv.CLIP_KINDS:
+        clip = tv.make_clip(photos, kind, gen)
+        assert tuple(clip.shape) == (3, tv.FRAMES, tv.PIXELS, tv.PIXELS)
+        assert _lag1(clip, 1) > 0.5  # consecutive frames are alike: the redundancy video has
+    with pytest.raises(ValueError, match="kind"):
+        tv.make_clip(photos, "spin", gen)
+
+
+def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos: list[torch.Tensor]) -> None:
+    from bench.quality import train_video_fixture as tvf
+
+    model = tv.build_model()
+    from bench.harness import trained
+
+    trained.random_init(model.diffusion_model, 1)
+    gen = torch.Generator().manual_seed(1)
+    x0 = tv.to_model_space(tv.random_clips(photos, 1, gen))
+    loss = tvf.flow_loss(model, x0, tvf.model_kwargs(model, tv.default_conditioning_tensors(), 1), gen, "uniform")
+    loss.backward()
+    grads = [p.grad for p in model.diffusion_model.blocks[0].parameters()]
+    assert torch.isfinite(loss) and all(g is not None for g in grads) and any(float(g.abs().max()) > 0 for g in grads)
+
+
+def test_sample_is_a_video_not_noise(patcher: Any, tv: Any) -> None:
+    import comfy.sample
+
+    positive, negative = tv.conditioning()
+    s = tv.SAMPLER
+    latent = torch.zeros(tv.latent_shape())
+    noise = comfy.sample.prepare_noise(latent, 0)
+    out = comfy.sample.sample(patcher, noise, s["steps"], s["cfg"], s["sampler_name"], s["scheduler"],
+                              positive, negative, latent, seed=0, disable_pbar=True)
+    clip = tv.decode(out)[0]
+    start = tv.from_model_space(noise).clamp(0, 1)[0]
+    assert _lag1(clip, 3) > MIN_SPATIAL and _lag1(clip, 1) > MIN_TEMPORAL
+    assert _lag1(start, 3) < 0.3 and _lag1(start, 1) < 0.3
+    assert float(clip.std()) > 0.05
+
+
+# ---- the video defaults' quality ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def record(tv: Any) -> dict[str, Any]:
+    from bench.quality import video_baseline
+
+    path = video_baseline.baseline_path()
+    assert path.is_file(), f"{path} missing: run python -m bench.quality.video_baseline --write"
+    return json.loads(path.read_text())
+
+
+def test_record_is_for_the_current_video_defaults(record: dict[str, Any]) -> None:
+    from bench.quality import video_baseline
+
+    current = {k: list(v) for k, v in video_baseline.settings().items()}
+    assert json.loads(json.dumps(current)) == record["settings"], "video defaults changed: measure and re-record"
+
+
+def test_video_defaults_quality_does_not_drop(record: dict[str, Any]) -> None:
+    from bench.quality import video_baseline
+
+    seeds = tuple(next(iter(record["results"].values()))["seeds"])
+    now = video_baseline.measure(seeds)["results"]
+    for name, was in record["results"].items():
+        got = now[name]
+        assert got["mean"] >= was["mean"] - MARGIN_DB, f"{name}: PSNR {got['psnr']} < recorded {was['mean']:.2f} - {MARGIN_DB}"
+        assert got["flicker_mean"] <= was["flicker_mean"] + FLICKER_MARGIN, f"{name}: flicker {got['flicker']}"
+        assert got["mean"] < float("inf"), f"{name} left the clip bit-identical: it did not merge"
