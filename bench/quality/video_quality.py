@@ -80,6 +80,8 @@ MAIN_ROWS: list[dict[str, Any]] = [
     *(toma(f"ToMA {r:g} tf {tf}", "ToMA ratio x tile_frames", quick=(r, tf) == (0.5, 2), ratio=r, tile_frames=tf)
       for r in (0.25, 0.5, 0.75) for tf in (1, 2, 4)),
     toma("ToMA 0.5 tf 2 tile 8", "ToMA schedule", tile_size=8),
+    toma("ToMA 0.5 tf 2 tile 8 start 0.2", "ToMA schedule", tile_size=8, start_percent=0.2),
+    toma("ToMA 0.75 tf 2 tile 8 start 0.4", "ToMA schedule", ratio=0.75, tile_size=8, start_percent=0.4),
     toma("ToMA 0.5 tf 2 start 0.2", "ToMA schedule", start_percent=0.2),
     toma("ToMA 0.5 tf 2 start 0.4", "ToMA schedule", start_percent=0.4),
     toma("ToMA 0.75 tf 2 start 0.4", "ToMA schedule", ratio=0.75, start_percent=0.4),
@@ -125,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"])
     p.add_argument("--out", type=Path, default=BENCH / "out" / "video_quality")
+    p.add_argument("--picture", default=None, metavar="LABEL",
+                   help="no sampling: redraw --out's frames.png from its json and clips.npz with this row as ToMA's")
     args = p.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 2)
     args.device, args.dtype, args.clock = "cpu", "fp32", "cpu" if args.threads == 1 else "wall"
@@ -301,8 +305,20 @@ def run_regime(name: str, args: argparse.Namespace, tap: quality.LogTap, base: A
     return results, meta, clips
 
 
+def redraw(out: Path, label: str) -> Path:
+    """frames.png again from an earlier run's video_quality.json and clips.npz, `label` as ToMA's row."""
+    from . import video_report
+
+    rows = [VideoRow(**r) for r in json.loads((out / "video_quality.json").read_text())["rows"]]
+    clips = {k: v.astype(np.float64) / 255 for k, v in np.load(out / "clips.npz").items()}
+    return video_report.frames_picture(out / "frames.png", rows, clips, label)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.picture:
+        print(f"wrote {redraw(args.out, args.picture)}")
+        return 0
     root = cli.import_comfy(args)
     torch.set_num_threads(args.threads)
     from ..harness import trained_video as tv
@@ -336,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     table = video_report.markdown(header, command, metas, results)
     (args.out / "video_quality.md").write_text(table)
     if picture:
+        np.savez_compressed(args.out / "clips.npz", **{k: (v * 255).round().astype(np.uint8) for k, v in picture.items()})
         video_report.frames_picture(args.out / "frames.png", results, picture)
     print(table)
     return 0

@@ -115,11 +115,11 @@ def markdown(header: str, command: str, metas: list[dict], rows: list[Any]) -> s
 
 # ---- frames picture ---------------------------------------------------------------------------------
 
-def picture_rows(rows: list[Any]) -> list[Any]:
-    """reference | ToMA node defaults | fewer steps nearest its 14B time | the best cache near its speed."""
+def picture_rows(rows: list[Any], default: str) -> list[Any]:
+    """reference | the row `default` | fewer steps nearest its 14B time | the best cache near its speed."""
     main = [r for r in rows if r.regime == "20 steps" and r.skipped is None]
     by_label = {r.label: r for r in main}
-    toma = by_label.get("ToMA node defaults")
+    toma = by_label.get(default)
     chosen = [by_label.get("unpatched"), toma]
     if toma is None:
         return [r for r in chosen if r is not None]
@@ -134,11 +134,11 @@ def picture_rows(rows: list[Any]) -> list[Any]:
     return [r for r in chosen if r is not None]
 
 
-def frames_picture(path: Path, rows: list[Any], clips: dict[str, np.ndarray]) -> Path:
-    """One strip of the 9 frames of seed 0 per picture row, labelled on the left."""
+def frames_picture(path: Path, rows: list[Any], clips: dict[str, np.ndarray], default: str = "ToMA node defaults") -> Path:
+    """One strip of the 9 frames of seed 0 per picture row (picture_rows), labelled on the left."""
     from PIL import Image, ImageDraw
 
-    chosen = [r for r in picture_rows(rows) if r.label in clips]
+    chosen = [r for r in picture_rows(rows, default) if r.label in clips]
     frames = [np.concatenate(list(clips[r.label]), axis=1) for r in chosen]
     margin, height = 190, frames[0].shape[0]
     canvas = Image.new("RGB", (margin + frames[0].shape[1], height * len(frames)), "white")
