@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import trained
+from . import tiny_models, trained
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def load_model(dtype: torch.dtype = torch.float32) -> Any:
         model.diffusion_model.load_state_dict(state, strict=True)
     else:
         log.warning("%s missing: the Wan fixture has random weights", weights_path())
-        trained.random_init(model.diffusion_model)
+        tiny_models.init_weights(model.diffusion_model, trained.RANDOM_INIT_SEED)
     model.eval()
     device = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)

@@ -15,7 +15,7 @@ path) against noise - x0. ComfyUI's ``WanAttentionBlock.forward`` builds its out
 (``torch.addcmul``, ``x = x + ...``), so training runs the real blocks, with no training twins
 (the Flux fixture needs them: ``bench/quality/train_fixtures.py``).
 
-Initialisation: seeded N(0, 1/fan_in) matrices (``trained.random_init``), then every block's
+Initialisation: seeded N(0, 1/fan_in) matrices (``tiny_models.init_weights``), then every block's
 self-attention, cross-attention and FFN output projections and the head zeroed, so each block
 starts as the identity. AdamW, warm-up then cosine decay over the budget, gradient clipping, EMA;
 the shipped weights are whichever of EMA and raw has the lower loss on a fixed held-out batch.
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..harness import trained, trained_video as tv
+from ..harness import tiny_models, trained, trained_video as tv
 from .train_fixtures import COLOUR_PHOTOS, GREY_PHOTOS, ema_update, flow_times, import_comfy, load_photos, lr_at
 
 ZEROED = ("self_attn.o.weight", "cross_attn.o.weight", "ffn.2.weight", "head.head.weight")
@@ -108,7 +108,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     model = tv.build_model()
-    trained.random_init(model.diffusion_model, args.seed)
+    tiny_models.init_weights(model.diffusion_model, args.seed)
     zero_init_outputs(model)
     model.train()
     ema = copy.deepcopy(model.diffusion_model).eval().requires_grad_(False)

@@ -100,9 +100,9 @@ def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos:
     from bench.quality import train_video_fixture as tvf
 
     model = tv.build_model()
-    from bench.harness import trained
+    from bench.harness import tiny_models
 
-    trained.random_init(model.diffusion_model, 1)
+    tiny_models.init_weights(model.diffusion_model, 1)
     gen = torch.Generator().manual_seed(1)
     x0 = tv.to_model_space(tv.random_clips(photos, 1, gen))
     loss = tvf.flow_loss(model, x0, tvf.model_kwargs(model, tv.default_conditioning_tensors(), 1), gen, "uniform")
