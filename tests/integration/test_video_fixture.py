@@ -113,7 +113,7 @@ def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos:
     assert torch.isfinite(loss) and all(g is not None for g in grads) and any(float(g.abs().max()) > 0 for g in grads)
 
 
-def test_sample_is_a_video_not_noise(patcher: Any, tv: Any) -> None:
+def test_sample_decodes_to_frames_not_noise(patcher: Any, tv: Any) -> None:
     import comfy.sample
 
     positive, negative = tv.conditioning()
