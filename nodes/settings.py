@@ -45,11 +45,12 @@ NODE_MIN_TOKENS = AUTO
 (cost_profile.AUTO_MIN_SPEEDUP). ToMASettings keeps 0 (always merge), as the library's default."""
 TILE_FRAMES_RANGE = (1, 16)
 
-NODE_TILE_FRAMES = 2
+NODE_TILE_FRAMES = 4
 """Latent frames a video tile spans by default (the video families: Wan, HunyuanVideo), so a token
-may merge with its neighbour in the next frame. Chosen by bench/tokens/video_fidelity.py (attention
-error on camera pans over photographs) and bench/speed/bench_wan.py (speed); figures in
-docs/video.md."""
+may merge with its neighbours in the next frames. Chosen by bench/quality/video_quality.py on the
+trained Wan fixture (4 frames gave the best clip and the lowest flicker at every ratio, at the same
+speed as 1 and 2), with bench/tokens/video_fidelity.py (camera pans over photographs: at ratio
+0.5, 4 frames no worse than 2 at any pan speed); figures in docs/video.md."""
 
 
 @dataclass(frozen=True)

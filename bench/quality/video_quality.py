@@ -90,6 +90,10 @@ MAIN_ROWS: list[dict[str, Any]] = [
     toma("ToMA 0.5 tf 2 blocks 1-5", "ToMA blocks", blocks="blocks:1-5"),
     toma("ToMA 0.5 tf 2 blocks 3-5", "ToMA blocks", blocks="blocks:3-5"),
     toma("ToMA 0.5 tf 2 blocks 0-3", "ToMA blocks", blocks="blocks:0-3"),
+    *(toma(f"ToMA {r:g} tf 4 tile 8{' start ' + format(st, 'g') if st else ''} blocks {b.removeprefix('blocks:')}",
+           "ToMA combined", ratio=r, tile_frames=4, tile_size=8, start_percent=st, blocks=b)
+      for r, st, b in ((0.5, 0, "auto"), (0.5, 0, "all"), (0.5, 0, "blocks:0-3"), (0.5, 0, "blocks:0-4"),
+                       (0.75, 0, "blocks:0-3"), (0.5, 0.2, "all"))),
     *(cache("EasyCache", quick=t == 0.1, reuse_threshold=t) for t in (0.05, 0.1, 0.2)),
     *(cache("TeaCache", rel_l1_thresh=t) for t in (0.1, 0.3)),
     *(cache("MagCache", magcache_thresh=t) for t in (0.06, 0.2)),
@@ -98,8 +102,8 @@ MAIN_ROWS: list[dict[str, Any]] = [
     {"label": "ToMA 0.5 tf 2 + EasyCache 0.2", "group": "ToMA + cache", "quick": False,
      "chain": [("ToMAPatchAdvanced", BASE), ("EasyCache", {"reuse_threshold": 0.2})]},
 ]
-"""The 20-step regime. Block lists are the fixture's 6 blocks (auto: blocks 2-5, ``dit_blocks.AUTO_SKIP``
-capped at a third of the depth)."""
+"""The 20-step regime. Block lists are the fixture's 6 blocks (``auto``: what the Wan adapter's
+``block_spec`` makes of it; before the study chose the Wan list, that was blocks 2-5)."""
 
 
 def few_rows(steps: int) -> list[dict[str, Any]]:

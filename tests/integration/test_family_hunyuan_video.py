@@ -53,7 +53,7 @@ def test_frame_zero_merges_alone_and_later_frames_in_pairs(hunyuan: Any, tiny: A
     plans: list[Any] = []
     original = joint.make_video_plan
     monkeypatch.setattr(joint, "make_video_plan", lambda *a, **k: plans.append((a[1], original(*a, **k))) or plans[-1][1])
-    fc.sample(tiny, fc.patch(toma, hunyuan, blocks="all"), LATENT, *conds, steps=1)
+    fc.sample(tiny, fc.patch(toma, hunyuan, blocks="all", tile_frames=2), LATENT, *conds, steps=1)
     segments, plan = plans[0]
     assert [(s.frames, s.merge, s.tile_frames) for s in segments] == [(1, True, 1), (2, True, 2)]
     frame = torch.arange(3).repeat_interleave(64)
