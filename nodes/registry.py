@@ -92,7 +92,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "hunyuan_video", ("comfy.ldm.hunyuan_video.model:HunyuanVideo",), hunyuan_video.apply, "HunyuanVideo",
         "HunyuanVideo (T2V, custom I2V, image-to-video v2), HunyuanImage 2.1",
-        "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of 2 frames x `tile_size` x `tile_size`). Text tokens, the text mask and reference-latent tokens pass through unmerged.",
+        "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of `tile_frames` (default 4) frames x `tile_size` x `tile_size`). Text tokens, the text mask and reference-latent tokens pass through unmerged.",
         "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
         "HunyuanVideo", "double:5-18,single:5-37", video=True,
     ),
