@@ -83,7 +83,7 @@ def apply_model_wrapper(executor, *args, **kwargs):
     options = dict(options)
     options[CALL_KEY] = ctx
     put_back(options)
-    hooked = _hooked_blocks(state)
+    hooked, merged_before = _hooked_blocks(state), state.stats.block_runs_merged
     start = state.timer.start(x)
     call = enter_call(ctx)  # nothing may raise between here and `try`: leave_call must run
     try:
@@ -92,10 +92,14 @@ def apply_model_wrapper(executor, *args, **kwargs):
         leave_call(call)
         state.keep_plans(ctx)
     if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
-        _count_idle_call(state, ctx)  # a step cache's skip: its time is no model call's, so it is not timed
-    else:
-        g = ctx.geometry
-        state.timer.stop(start, (ctx.batch, g.tokens, (g.text_len or 0) + g.extra_tokens), ctx.merge)
+        _count_unmerged_call(state, ctx, IDLE_CALL)  # a step cache's skip: its time is no model call's, so it is not timed
+        return out
+    merged = ctx.merge
+    if merged and not state.stats.compiled and state.stats.block_runs_merged == merged_before:
+        _count_unmerged_call(state, ctx, NO_BLOCK_MERGED)
+        merged = False
+    g = ctx.geometry
+    state.timer.stop(start, (ctx.batch, g.tokens, (g.text_len or 0) + g.extra_tokens), merged)
     return out
 
 
@@ -104,16 +108,22 @@ IDLE_CALL = "with no block run (skipped by a step cache, or bypassed)"
 returned its cached result, or the forward loop ignores ToMA's hooks)."""
 
 
+NO_BLOCK_MERGED = "with no block merged (each block ran unmerged: see the block reasons)"
+"""Unmerged-call reason: a merge-eligible call whose block hooks all ran their block unmerged (e.g.
+a step-cache pack called the blocks without transformer_options); timed as an unmerged call, so
+the run's gain is not claimed for it."""
+
+
 def _hooked_blocks(state: RunState) -> int:
     stats = state.stats
     return stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + orphan_count()
 
 
-def _count_idle_call(state: RunState, ctx: CallContext) -> None:
-    """Move a merge-eligible call in which no block hook ran from "merged" to "unmerged"."""
+def _count_unmerged_call(state: RunState, ctx: CallContext, reason: str) -> None:
+    """Move a merge-eligible call that merged nothing from "merged" to "unmerged" (`reason`)."""
     stats = state.stats
     stats.merged_calls -= 1
-    stats.unmerged_calls[IDLE_CALL] += 1
+    stats.unmerged_calls[reason] += 1
     stats.merged_per_step[ctx.step] -= 1
     if stats.merged_per_step[ctx.step] <= 0:
         stats.steps_merged.discard(ctx.step)
