@@ -164,8 +164,6 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     segments, pe rows gathered to the destinations, vec per frame or per merged token."""
     g: VideoGeometry = ctx.geometry
     img = args["img"]
-    if "transformer_options" not in args:
-        return Unmerged("block args without transformer_options")
     if img.shape[1] != g.all_frames * g.height * g.width:
         return TOKENS_DIFFER
 

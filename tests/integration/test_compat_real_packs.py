@@ -91,6 +91,33 @@ def test_step_cache_pack(cache: str, order: str, tiny_flux: Any, tiny: Any, toma
     assert rel(out, tiny.sample(pack(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # ToMA acted
 
 
+def wan_cache(cache: str) -> Any:
+    """The pack's node function at its Wan 2.1 1.3B settings, as model -> model."""
+    if cache == "TeaCache":
+        node = tp.pack_module(tp.TEACACHE, "nodes").TeaCache()
+        return lambda model: node.apply_teacache(model, "wan2.1_t2v_1.3B", 0.3, 0.0, 1.0, "cpu")[0]
+    node = tp.pack_module(tp.MAGCACHE, "nodes").MagCache()
+    return lambda model: node.apply_magcache(model, "wan2.1_t2v_1.3B", 0.2, 0.2, 4, 0, -1)[0]
+
+
+@pytest.mark.parametrize("order", ["pack_first", "toma_first"])
+@pytest.mark.parametrize("cache", ["TeaCache", "MagCache"])
+def test_step_cache_pack_on_wan(cache: str, order: str, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """Both packs' Wan forward loops pass transformer_options in the block replacement's `extra`,
+    not in its args: ToMA still merges every block of the steps that ran."""
+    from bench.harness import tiny_wan
+
+    model = tiny_wan.build_wan("t2v")
+    latent = (1, 16, 3, 8, 8)
+    cond = tiny_wan.conditioning(model, 1, latent)
+    steps, blocks = 6, 3
+    tiny.sample(in_both_orders(wan_cache(cache), toma, model)[order], latent, steps=steps, positive=cond, negative=cond, cfg=1.0)
+    line = run_lines(logs)[-1]
+    ran = merged_block_runs(line) / blocks
+    assert 0 < ran <= steps and ran == int(ran), line
+    assert f"merged {ran:.0f}/{steps} steps" in line, line
+
+
 # --- WaveSpeed first-block cache -------------------------------------------------------------
 
 
