@@ -312,17 +312,49 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> dict[str, Any]:
-    """Write the safetensors (fp16 weights, fp32 conditioning) and the json; returns the json dict."""
-    from ..harness import comfy_env
+def write_weights(out: Path, family: str, module: torch.nn.Module, cond: dict[str, torch.Tensor]) -> Path:
+    """out/<family>.safetensors: fp16 weights and the fp32 fixed conditioning (under COND_PREFIX)."""
     from safetensors.torch import save_file
 
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in module.state_dict().items()}
+    tensors |= {trained.COND_PREFIX + k: v.float().contiguous() for k, v in cond.items()}
+    path = out / f"{family}.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
+def provenance(args: argparse.Namespace, record: dict[str, Any], script: str, comfy_root: Path) -> dict[str, Any]:
+    """The json's "training", "command" and "versions" entries of a training run of `script` (a module name)."""
+    from ..harness import comfy_env
+
+    return {
+        "training": {
+            "seed": args.seed, "batch": args.batch, "lr": args.lr, "ema": args.ema, "timesteps": args.timesteps,
+            "steps": record["steps"], "minutes": record["minutes"],
+            "final_loss_smoothed": round(record["final_loss_smoothed"], 5),
+            "heldout_loss_raw": round(record["heldout_loss_raw"], 5),
+            "heldout_loss_ema": round(record["heldout_loss_ema"], 5), "shipped": record["shipped"],
+            "images": "skimage.data: " + ", ".join(COLOUR_PHOTOS + GREY_PHOTOS),
+            "loss_history": record["loss_history"],
+        },
+        "command": "COMFYUI_PATH=<ComfyUI> OMP_NUM_THREADS=1 python " + " ".join(["-m", script] + sys.argv[1:]),
+        "versions": {"torch": torch.__version__, "comfyui": comfy_env.comfy_version(comfy_root),
+                     "python": platform.python_version()},
+    }
+
+
+def write_meta(out: Path, family: str, meta: dict[str, Any], weights: Path) -> None:
+    """out/<family>.json."""
+    meta_file = out / f"{family}.json"
+    meta_file.write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {weights} ({weights.stat().st_size / 1e6:.2f} MB) and {meta_file}")
+
+
+def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> dict[str, Any]:
+    """Write the safetensors (fp16 weights, fp32 conditioning) and the json; returns the json dict."""
     family = args.family
-    args.out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in record["model"].diffusion_model.state_dict().items()}
-    tensors |= {trained.COND_PREFIX + k: v.float().contiguous() for k, v in record["cond"].items()}
-    weights = args.out / f"{family}.safetensors"
-    save_file(tensors, str(weights))
+    weights = write_weights(args.out, family, record["model"].diffusion_model, record["cond"])
     s = trained.spec(family)
     meta = {
         "family": family,
@@ -338,22 +370,8 @@ def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> 
         "conditioning": f"fixed: context (1, {s.text_len}, {s.context_dim}) and pooled (1, {s.pooled_dim}) "
                         f"~ N(0, 1) from seed {args.seed}, stored under '{trained.COND_PREFIX}'; extras {s.extras}",
         "sampler": s.sampler,
-        "training": {
-            "seed": args.seed, "batch": args.batch, "lr": args.lr, "ema": args.ema, "timesteps": args.timesteps,
-            "steps": record["steps"],
-            "minutes": record["minutes"], "final_loss_smoothed": round(record["final_loss_smoothed"], 5),
-            "heldout_loss_raw": round(record["heldout_loss_raw"], 5),
-            "heldout_loss_ema": round(record["heldout_loss_ema"], 5), "shipped": record["shipped"],
-            "images": "skimage.data: " + ", ".join(COLOUR_PHOTOS + GREY_PHOTOS),
-            "loss_history": record["loss_history"],
-        },
-        "command": "COMFYUI_PATH=<ComfyUI> OMP_NUM_THREADS=1 python " + " ".join(["-m", "bench.quality.train_fixtures"] + sys.argv[1:]),
-        "versions": {"torch": torch.__version__, "comfyui": comfy_env.comfy_version(comfy_root),
-                     "python": platform.python_version()},
-    }
-    meta_file = args.out / f"{family}.json"
-    meta_file.write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"wrote {weights} ({weights.stat().st_size / 1e6:.2f} MB) and {meta_file}")
+    } | provenance(args, record, "bench.quality.train_fixtures", comfy_root)
+    write_meta(args.out, family, meta, weights)
     return meta
 
 

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..harness import tiny_models, trained, trained_video as tv
-from .train_fixtures import COLOUR_PHOTOS, GREY_PHOTOS, ema_update, flow_times, import_comfy, load_photos, lr_at
+from .train_fixtures import ema_update, flow_times, import_comfy, load_photos, lr_at, provenance, write_meta, write_weights
 
 ZEROED = ("self_attn.o.weight", "cross_attn.o.weight", "ffn.2.weight", "head.head.weight")
 
@@ -91,18 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def save_weights(args: argparse.Namespace, module: torch.nn.Module, cond: dict[str, torch.Tensor]) -> Path:
-    """fixtures/wan.safetensors: fp16 weights and the fp32 context."""
-    from safetensors.torch import save_file
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in module.state_dict().items()}
-    tensors |= {trained.COND_PREFIX + k: v.float().contiguous() for k, v in cond.items()}
-    path = args.out / f"{tv.FAMILY}.safetensors"
-    save_file(tensors, str(path))
-    return path
-
-
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """The training loop; returns the provenance record (the chosen weights in record['model'])."""
     torch.manual_seed(args.seed)
@@ -138,7 +123,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             print(f"step {step:6d}  {elapsed:7.1f} s  lr {opt.param_groups[0]['lr']:.2e}  "
                   f"loss {loss.item():.4f}  smoothed {running:.4f}", flush=True)
         if step % args.checkpoint_every == 0:
-            save_weights(args, ema, cond)
+            write_weights(args.out, tv.FAMILY, ema, cond)
     model.eval()
     x_held = tv.to_model_space(tv.random_clips(photos, 8, torch.Generator().manual_seed(10_000 + args.seed)))
     held_kwargs = model_kwargs(model, cond, 8)
@@ -157,9 +142,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> dict[str, Any]:
     """Write the safetensors and the json; returns the json dict."""
-    from ..harness import comfy_env
-
-    weights = save_weights(args, record["model"].diffusion_model, record["cond"])
+    weights = write_weights(args.out, tv.FAMILY, record["model"].diffusion_model, record["cond"])
     meta = {
         "family": tv.FAMILY,
         "comfy_class": "comfy.supported_models.WAN21_T2V -> comfy.model_base.WAN21 -> comfy.ldm.wan.model.WanModel",
@@ -176,22 +159,8 @@ def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> 
         "conditioning": f"fixed context (1, {tv.TEXT_LEN}, {tv.TEXT_DIM}) ~ N(0, 1) from seed {args.seed}, "
                         f"stored under '{trained.COND_PREFIX}'",
         "sampler": tv.SAMPLER,
-        "training": {
-            "seed": args.seed, "batch": args.batch, "lr": args.lr, "ema": args.ema, "timesteps": args.timesteps,
-            "steps": record["steps"], "minutes": record["minutes"],
-            "final_loss_smoothed": round(record["final_loss_smoothed"], 5),
-            "heldout_loss_raw": round(record["heldout_loss_raw"], 5),
-            "heldout_loss_ema": round(record["heldout_loss_ema"], 5), "shipped": record["shipped"],
-            "images": "skimage.data: " + ", ".join(COLOUR_PHOTOS + GREY_PHOTOS),
-            "loss_history": record["loss_history"],
-        },
-        "command": "COMFYUI_PATH=<ComfyUI> OMP_NUM_THREADS=1 python " + " ".join(["-m", "bench.quality.train_video_fixture"] + sys.argv[1:]),
-        "versions": {"torch": torch.__version__, "comfyui": comfy_env.comfy_version(comfy_root),
-                     "python": platform.python_version()},
-    }
-    meta_file = args.out / f"{tv.FAMILY}.json"
-    meta_file.write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"wrote {weights} ({weights.stat().st_size / 1e6:.2f} MB) and {meta_file}")
+    } | provenance(args, record, "bench.quality.train_video_fixture", comfy_root)
+    write_meta(args.out, tv.FAMILY, meta, weights)
     return meta
 
 
