@@ -4,8 +4,9 @@ Headless Debian ``chromium`` + ``chromium-driver`` driven by ``selenium`` open t
 live server (``live_server`` in conftest.py), open "Browse Templates", pick the pack's category
 "ComfyUI-ToMA" and click each template's card. Checked: the template dialog closes, no
 missing-node dialog appears (a copy with an unknown node type must raise one: the check can
-fail), the graph holds the template's nodes, and the ToMA node shows its registered widgets with
-the registered defaults. A screenshot per workflow goes to ``TOMA_SCREENSHOT_DIR`` (default: a
+fail), the graph holds the template's nodes, and each ToMA node shows its registered widgets with
+the values the template file holds (a template may set other values than the node defaults, as
+wan_toma.json does). A screenshot per workflow goes to ``TOMA_SCREENSHOT_DIR`` (default: a
 pytest temporary folder; the path is logged).
 
 Without chromium, chromedriver or selenium the tests skip with the reason on a developer machine.
@@ -134,9 +135,9 @@ def load_from_template_browser(driver: Any, stem: str) -> None:
 
 
 def graph_nodes(driver: Any) -> list[dict[str, Any]]:
-    """Type and widgets (name, value) of every node in the frontend's graph."""
+    """Id, type and widgets (name, value) of every node in the frontend's graph."""
     return driver.execute_script(
-        "return window.app.graph.nodes.map(n => ({type: n.type, widgets: (n.widgets || []).map(w => [w.name, w.value])}))"
+        "return window.app.graph.nodes.map(n => ({id: n.id, type: n.type, widgets: (n.widgets || []).map(w => [w.name, w.value])}))"
     )
 
 
@@ -160,12 +161,13 @@ def test_template_loads_from_the_template_browser(live_server, browser, object_i
     assert sorted(n["type"] for n in nodes) == sorted(n["type"] for n in workflow["nodes"])
     toma = [n for n in nodes if n["type"] in TOMA_NODES]
     assert toma, nodes
+    saved = {n["id"]: n["widgets_values"] for n in workflow["nodes"]}
     for node in toma:
         shown = [tuple(widget) for widget in node["widgets"]]
-        expected = registered_defaults(object_info, node["type"])
-        assert [name for name, _ in shown] == [name for name, _ in expected]
-        for (name, value), (_, default) in zip(shown, expected):
-            assert value == pytest.approx(default), f"{node['type']}.{name}: shows {value!r}, default {default!r}"
+        assert [name for name, _ in shown] == [name for name, _ in registered_defaults(object_info, node["type"])]
+        assert len(saved[node["id"]]) == len(shown), (node["type"], saved[node["id"]])
+        for (name, value), stored in zip(shown, saved[node["id"]]):
+            assert value == pytest.approx(stored), f"{node['type']}.{name}: shows {value!r}, the template holds {stored!r}"
 
 
 def test_unknown_node_type_raises_the_missing_node_dialog(live_server, browser, screenshots):
