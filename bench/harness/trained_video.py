@@ -188,11 +188,18 @@ def make_clip(photos: list[torch.Tensor], kind: str, gen: torch.Generator, speed
     return clip.flip(-1) if float(torch.rand((), generator=gen)) < 0.5 else clip
 
 
-def random_clips(photos: list[torch.Tensor], batch: int, gen: torch.Generator) -> torch.Tensor:
-    """(B, 3, F, H, W): clips of random kinds (pans half the time, zooms and sprites a quarter each)."""
+def random_clips(photos: list[torch.Tensor], batch: int, gen: torch.Generator, crop: int | None = None) -> torch.Tensor:
+    """(B, 3, F, H, W): clips of random kinds (pans half the time, zooms and sprites a quarter each).
+    `crop`: each clip cut to a random `crop` x `crop` px window, the same in every frame, so it keeps
+    the full-size clip's motion and pixel statistics on fewer tokens."""
     kinds = ("pan", "pan", "zoom", "sprite")
-    return torch.stack([make_clip(photos, kinds[int(torch.randint(4, (1,), generator=gen))], gen)
-                        for _ in range(batch)])
+    clips = [make_clip(photos, kinds[int(torch.randint(4, (1,), generator=gen))], gen) for _ in range(batch)]
+    if crop is not None:
+        if not 0 < crop <= PIXELS or crop % (2 * UNSHUFFLE):
+            raise ValueError(f"crop {crop} must be a multiple of {2 * UNSHUFFLE} in [{2 * UNSHUFFLE}, {PIXELS}] px")
+        corners = torch.randint(PIXELS - crop + 1, (batch, 2), generator=gen).tolist()
+        clips = [c[..., y:y + crop, x:x + crop] for c, (y, x) in zip(clips, corners)]
+    return torch.stack(clips)
 
 
 # ---- model, conditioning ----------------------------------------------------------------------------

@@ -56,6 +56,11 @@ BASE = {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, 
 """Pinned inputs of every ToMA row but "ToMA node defaults" (the paper's every-step schedule, tile 4)."""
 
 
+WORKFLOW = {"ratio": 0.5, "tile_size": 8, "start_percent": 0.0, "tile_frames": 4, "blocks": "auto"}
+"""The ToMA inputs of example_workflows/wan_toma.json (tests/integration/test_video_fixture.py checks
+that they match), stacked on the best caches in the "ToMA + cache" rows."""
+
+
 def toma(label: str, group: str, quick: bool = False, **inputs: Any) -> dict[str, Any]:
     return {"label": label, "group": group, "quick": quick, "chain": [("ToMAPatchAdvanced", BASE | inputs)]}
 
@@ -101,6 +106,9 @@ MAIN_ROWS: list[dict[str, Any]] = [
      "chain": [("ToMAPatchAdvanced", BASE), ("EasyCache", {"reuse_threshold": 0.1})]},
     {"label": "ToMA 0.5 tf 2 + EasyCache 0.2", "group": "ToMA + cache", "quick": False,
      "chain": [("ToMAPatchAdvanced", BASE), ("EasyCache", {"reuse_threshold": 0.2})]},
+    *({"label": f"ToMA workflow + {node} {threshold:g}", "group": "ToMA + cache", "quick": False,
+       "chain": [("ToMAPatchAdvanced", BASE | WORKFLOW), (node, {key: threshold})]}
+      for node, key, threshold in (("TeaCache", "rel_l1_thresh", 0.3), ("MagCache", "magcache_thresh", 0.2))),
 ]
 """The 20-step regime. Block lists are the fixture's 6 blocks (``auto``: what the Wan adapter's
 ``block_spec`` makes of it; before the study chose the Wan list, that was blocks 2-5)."""

@@ -99,6 +99,48 @@ def test_clips_move_as_described(tv: Any, photos: list[torch.Tensor]) -> None:
         tv.make_clip(photos, "spin", gen)
 
 
+def test_crop_windows_keep_each_clip_whole_in_time(tv: Any, photos: list[torch.Tensor]) -> None:
+    full = tv.random_clips(photos, 3, torch.Generator().manual_seed(8))
+    cropped = tv.random_clips(photos, 3, torch.Generator().manual_seed(8), crop=32)
+    assert tuple(cropped.shape) == (3, 3, tv.FRAMES, 32, 32)
+    for clip, window in zip(full, cropped):  # one window, the same in every frame, of the same clip
+        hits = [(y, x) for y in range(tv.PIXELS - 31) for x in range(tv.PIXELS - 31)
+                if torch.equal(clip[..., y:y + 32, x:x + 32], window)]
+        assert hits, "the crop is not a window of the full clip"
+    for bad in (0, 30, tv.PIXELS + 4):
+        with pytest.raises(ValueError, match="crop"):
+            tv.random_clips(photos, 1, torch.Generator().manual_seed(8), crop=bad)
+
+
+def test_local_attention_start_peaks_at_zero_offset(tv: Any) -> None:
+    """With the local start, a block's self-attention on content-free tokens attends most to the
+    same place and frame, and less to tokens further away in time or space."""
+    from comfy.ldm.flux.math import apply_rope1
+    from bench.harness import tiny_models
+    from bench.quality import train_video_fixture as tvf
+
+    model = tv.build_model()
+    tiny_models.init_weights(model.diffusion_model, 2)
+    tvf.local_attention_init(model, 3.0)
+    net, f, h, w = model.diffusion_model, 5, 6, 6
+    attn, d = net.blocks[0].self_attn, net.dim // net.num_heads
+    freqs = net.rope_encode(f, h * 2, w * 2, dtype=torch.float32)
+    x = torch.zeros((1, f * h * w, net.dim))
+    q = apply_rope1(attn.norm_q(attn.q(x)).view(1, -1, net.num_heads, d), freqs)
+    k = apply_rope1(attn.norm_k(attn.k(x)).view(1, -1, net.num_heads, d), freqs)
+    centre = (f // 2 * h + h // 2) * w + w // 2
+    logits = torch.einsum("hd,nhd->hn", q[0, centre], k[0]).view(net.num_heads, f, h, w)
+    at = logits[:, f // 2, h // 2, w // 2]
+    assert torch.equal(logits.flatten(1).argmax(1), torch.full((net.num_heads,), centre))
+    assert (logits[:, f // 2 + 1, h // 2, w // 2] < at).all() and (logits[:, f // 2, h // 2 + 2, w // 2] < at).all()
+    off, reference = tv.build_model(), tv.build_model()
+    for m in (off, reference):
+        tiny_models.init_weights(m.diffusion_model, 2)
+    tvf.local_attention_init(off, 0.0)
+    assert torch.equal(off.diffusion_model.blocks[0].self_attn.q.bias, reference.diffusion_model.blocks[0].self_attn.q.bias)
+    assert not torch.equal(net.blocks[0].self_attn.q.bias, reference.diffusion_model.blocks[0].self_attn.q.bias)
+
+
 def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos: list[torch.Tensor]) -> None:
     from bench.harness import tiny_models
     from bench.quality import train_video_fixture as tvf
@@ -158,3 +200,14 @@ def test_video_defaults_quality_does_not_drop(record: dict[str, Any]) -> None:
         assert got["mean"] >= was["mean"] - MARGIN_DB, f"{name}: PSNR {got['psnr']} < recorded {was['mean']:.2f} - {MARGIN_DB}"
         assert got["flicker_mean"] <= was["flicker_mean"] + FLICKER_MARGIN, f"{name}: flicker {got['flicker']}"
         assert got["mean"] < float("inf"), f"{name} left the clip bit-identical: it did not merge"
+
+
+def test_study_stacks_the_workflow_settings_on_the_caches(comfy: Path) -> None:
+    """video_quality.WORKFLOW is example_workflows/wan_toma.json's ToMA node (the basic node, whose
+    tile_frames and block list are the Advanced node's defaults)."""
+    from bench.quality import video_baseline, video_quality
+
+    _, workflow = video_baseline.settings()["wan_toma.json"]
+    _, advanced = video_baseline.settings()["node defaults"]
+    merged = advanced | workflow
+    assert video_quality.WORKFLOW == {k: merged[k] for k in video_quality.WORKFLOW}
