@@ -56,7 +56,7 @@ BASE = {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, 
 """Pinned inputs of every ToMA row but "ToMA node defaults" (the paper's every-step schedule, tile 4)."""
 
 
-WORKFLOW = {"ratio": 0.5, "tile_size": 8, "start_percent": 0.0, "tile_frames": 4, "blocks": "auto"}
+WORKFLOW = {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "tile_frames": 4, "blocks": "auto"}
 """The ToMA inputs of example_workflows/wan_toma.json (tests/integration/test_video_fixture.py checks
 that they match), stacked on the best caches in the "ToMA + cache" rows."""
 
@@ -95,10 +95,12 @@ MAIN_ROWS: list[dict[str, Any]] = [
     toma("ToMA 0.5 tf 2 blocks 1-5", "ToMA blocks", blocks="blocks:1-5"),
     toma("ToMA 0.5 tf 2 blocks 3-5", "ToMA blocks", blocks="blocks:3-5"),
     toma("ToMA 0.5 tf 2 blocks 0-3", "ToMA blocks", blocks="blocks:0-3"),
+    toma("ToMA 0.5 tf 2 blocks 2-5", "ToMA blocks", blocks="blocks:2-5"),
     *(toma(f"ToMA {r:g} tf 4 tile 8{' start ' + format(st, 'g') if st else ''} blocks {b.removeprefix('blocks:')}",
            "ToMA combined", ratio=r, tile_frames=4, tile_size=8, start_percent=st, blocks=b)
       for r, st, b in ((0.5, 0, "auto"), (0.5, 0, "all"), (0.5, 0, "blocks:0-3"), (0.5, 0, "blocks:0-4"),
-                       (0.75, 0, "blocks:0-3"), (0.5, 0.2, "all"))),
+                       (0.75, 0, "blocks:0-3"), (0.5, 0.2, "all"), (0.5, 0, "blocks:1-5"), (0.5, 0.2, "blocks:1-5"),
+                       (0.5, 0.2, "blocks:2-5"))),
     *(cache("EasyCache", quick=t == 0.1, reuse_threshold=t) for t in (0.05, 0.1, 0.2)),
     *(cache("TeaCache", rel_l1_thresh=t) for t in (0.1, 0.3)),
     *(cache("MagCache", magcache_thresh=t) for t in (0.06, 0.2)),
@@ -110,8 +112,8 @@ MAIN_ROWS: list[dict[str, Any]] = [
        "chain": [("ToMAPatchAdvanced", BASE | WORKFLOW), (node, {key: threshold})]}
       for node, key, threshold in (("TeaCache", "rel_l1_thresh", 0.3), ("MagCache", "magcache_thresh", 0.2))),
 ]
-"""The 20-step regime. Block lists are the fixture's 6 blocks (``auto``: what the Wan adapter's
-``block_spec`` makes of it; before the study chose the Wan list, that was blocks 2-5)."""
+"""The 20-step regime. Block lists are the fixture's 6 blocks (``auto``: the DiT rule of
+nodes/machinery/dit_blocks.py, blocks 2-5 on the fixture)."""
 
 
 def few_rows(steps: int) -> list[dict[str, Any]]:

@@ -25,11 +25,12 @@ BLOCK_RANGE = re.compile(r"^blocks:(\d+)-(\d+)$")
 
 def real_blocks(blocks: str, depth: int) -> str:
     """A fixture block list mapped to `depth` blocks by position ("all" unchanged). "auto" is mapped
-    as what the Wan adapter selects on the fixture (``wan.block_spec``), so the prediction prices
-    the blocks whose quality was measured."""
+    as what it selects on the fixture (blocks 2-5 of 6), so the prediction prices the blocks whose
+    quality was measured: on the real depth that skips 13 of 40 blocks, where the real "auto" skips 5."""
     from ..harness.pack import pack_module
 
-    blocks = pack_module("nodes.families.wan").block_spec(blocks, FIXTURE_BLOCKS)
+    if blocks.strip().lower() == "auto":
+        blocks = pack_module("nodes.machinery.dit_blocks").parse_dit_blocks("auto", {"blocks": FIXTURE_BLOCKS}).describe()
     match = BLOCK_RANGE.match(blocks)
     if match is None:
         return blocks

@@ -219,8 +219,7 @@ def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[
         chosen = parse(blocks, {"double": total})
         return [BlockSite("joint" if i < total - 1 else "joint_last", chosen.selects("double", i)) for i in range(total)]
     if fam.name.startswith("wan"):
-        spec = pack_module("nodes.families.wan").block_spec(blocks, kinds["double"])
-        chosen = parse(spec, {"blocks": kinds["double"]})
+        chosen = parse(blocks, {"blocks": kinds["double"]})
         return [BlockSite("double", chosen.selects("blocks", i)) for i in range(kinds["double"])]
     chosen = parse(blocks, kinds)
     return [BlockSite(kind, chosen.selects(kind, i)) for kind, n in kinds.items() for i in range(n)]

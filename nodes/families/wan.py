@@ -44,28 +44,11 @@ from ..machinery.geometry import text_length
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
 from ..runtime import CallContext
-from ..settings import AUTO, ToMASettings
+from ..settings import ToMASettings
 
 log = logging.getLogger(__name__)
 
 PLAN_SLOT = "wan"
-
-AUTO_SPARED_SHARE = 6
-"""Wan's `auto` block list: every block but the last sixth, rounded up (14B: blocks:0-32 of 40;
-1.3B and 5B: blocks:0-24 of 30). Measured on the trained Wan fixture (bench/quality/video_quality.py,
-docs/video.md): of its 6 blocks, leaving the last one unmerged gave a better clip at a higher
-predicted Wan 14B speed-up than leaving the first ones unmerged (the DiT rule of dit_blocks.py),
-and merging the first blocks cost nothing measurable."""
-
-
-def auto_blocks(depth: int) -> str:
-    """The `blocks` list `auto` stands for on a Wan model of `depth` blocks."""
-    return f"blocks:0-{max(0, depth - math.ceil(depth / AUTO_SPARED_SHARE) - 1)}"
-
-
-def block_spec(blocks: str, depth: int) -> str:
-    """`blocks` with "auto" (any case) replaced by the Wan list (auto_blocks)."""
-    return auto_blocks(depth) if blocks.strip().lower() == AUTO else blocks
 
 S2V_REASON = "Wan S2V (WanModel_S2V): blocks get no transformer_options and a per-segment modulation"
 
@@ -146,7 +129,7 @@ def apply(model, settings: ToMASettings) -> WanAdapter:
     require_block_scope(settings, "Wan")
     dm = model.get_model_object("diffusion_model")
     variant = _variant(dm)
-    chosen = parse_dit_blocks(block_spec(settings.blocks, len(dm.blocks)), {"blocks": len(dm.blocks)})
+    chosen = parse_dit_blocks(settings.blocks, {"blocks": len(dm.blocks)})
     # ComfyUI's key for Wan blocks is ("double_block", i) (WanModel.forward_orig); users name them blocks:5-39
     install_dit_hooks(model, {"double": len(dm.blocks)}, DitBlocks((("double", chosen.blocks),)), {"double": merged_block})
     blocks = chosen.describe()

@@ -116,7 +116,7 @@ def test_self_attention_runs_on_merged_tokens_and_text_is_never_merged(wan: Any,
 def test_blocks_auto_all_and_list(wan: Any, toma: Any, t2v: Any) -> None:
     deep = wan.build_wan("t2v", num_layers=40)
     assert toma.patching.detect_family(deep).name == "wan"
-    for spec, expected in (("auto", "blocks:0-32"), ("AUTO", "blocks:0-32"), ("all", "blocks:0-39"), ("blocks:5-9,20", "blocks:5-9,20")):
+    for spec, expected in (("auto", "blocks:5-39"), ("AUTO", "blocks:5-39"), ("all", "blocks:0-39"), ("blocks:5-9,20", "blocks:5-9,20")):
         patched = patch(toma, deep, blocks=spec)
         config = patched.model_options["transformer_options"]["comfyui_toma"].config
         assert config.adapter.blocks == expected
