@@ -210,7 +210,8 @@ def test_study_stacks_the_workflow_settings_on_the_caches(comfy: Path) -> None:
     tile_frames and block list are the Advanced node's defaults)."""
     from bench.quality import video_baseline, video_quality
 
-    _, workflow = video_baseline.settings()["wan_toma.json"]
-    _, advanced = video_baseline.settings()["node defaults"]
+    settings = video_baseline.settings()
+    _, workflow = settings["wan_toma.json"]
+    _, advanced = settings["node defaults"]
     merged = advanced | workflow
     assert video_quality.WORKFLOW == {k: merged[k] for k in video_quality.WORKFLOW}
