@@ -120,17 +120,34 @@ def missing_node_dialogs(driver: Any) -> list[str]:
     return [text for text in open_dialogs(driver) if "missing" in text.lower() and "node" in text.lower()]
 
 
+def click_found(driver: Any, script: str, what: str, *args: Any) -> None:
+    """Find an element with ``script``, scroll to it and click it as a user does.
+
+    The template browser re-renders its lists while it fills them, so an element found a moment
+    ago can be gone by the click (selenium's StaleElementReferenceException): find it again.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + UI_TIMEOUT_S
+    while True:
+        element = wait_for(driver, script, what, max(deadline - time.monotonic(), 1.0), *args)
+        try:
+            driver.execute_script("arguments[0].scrollIntoView()", element)
+            element.click()
+            return
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} kept being replaced for {UI_TIMEOUT_S:.0f} s") from None
+            log.info("%s was re-rendered before the click; finding it again", what)
+
+
 def load_from_template_browser(driver: Any, stem: str) -> None:
     """Browse Templates -> category ComfyUI-ToMA -> the template's card, as a user clicks them."""
     driver.execute_script("window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
     wait_for(driver, "return document.querySelector('[data-testid=template-workflows-content]')", "the template browser")
-    category = wait_for(driver, "return [...document.querySelectorAll('[data-testid=template-workflows-content] aside [role=option]')]"
-                        ".find(o => o.getAttribute('aria-label') === arguments[0])", f"the {PACK_DIR_NAME} category", UI_TIMEOUT_S, PACK_DIR_NAME)
-    driver.execute_script("arguments[0].scrollIntoView()", category)
-    category.click()
-    card = wait_for(driver, "return document.querySelector(`[data-testid='template-workflow-${arguments[0]}']`)", f"the {stem} card", UI_TIMEOUT_S, stem)
-    driver.execute_script("arguments[0].scrollIntoView()", card)
-    card.click()
+    click_found(driver, "return [...document.querySelectorAll('[data-testid=template-workflows-content] aside [role=option]')]"
+                ".find(o => o.getAttribute('aria-label') === arguments[0])", f"the {PACK_DIR_NAME} category", PACK_DIR_NAME)
+    click_found(driver, "return document.querySelector(`[data-testid='template-workflow-${arguments[0]}']`)", f"the {stem} card", stem)
     wait_for(driver, "return !document.querySelector('[data-testid=template-workflows-content]')", "the template browser to close")
 
 
