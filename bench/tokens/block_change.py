@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5])
     p.add_argument("--tile-size", type=int, default=4)
     p.add_argument("--tile-frames", type=int, default=4, help="frames per tile on the Wan fixture")
-    p.add_argument("--noise-mix", type=float, nargs="+", default=[0.01, 0.05],
+    p.add_argument("--noise-mix", type=float, nargs="+", default=[0.01, 0.05, 1.0],
                    help="unpatched runs from slightly perturbed noise, for scale (Fixture.sample)")
     p.add_argument("--wan-shift", type=float, default=0.0,
                    help="sample the Wan fixture at this flow shift (ComfyUI's ModelSamplingSD3; 0: its own 8)")
