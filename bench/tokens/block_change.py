@@ -25,7 +25,7 @@ The second table samples whole runs: ToMA on every block and step, and for scale
 model from perturbed noise (`--noise-mix` m: sqrt(1 - m^2) n + m n'; m = 1 is another seed):
 relative error of the sampled latent and PSNR of the decoded pixels against the unpatched run.
 The third gives how alike neighbouring tokens of the block inputs are (mean cosine), in space and,
-for video, at the same place one frame later.
+for video, at the same place one frame later, beside a random token of the same call for scale.
 """
 
 from __future__ import annotations
@@ -282,11 +282,13 @@ def errors(call: BlockCall, plan: Any) -> dict[str, float]:
 
 
 def neighbours(feats: torch.Tensor, grid: tuple[int, int, int]) -> dict[str, float]:
-    """Mean cosine similarity of each token's features (B, N, C) to its right and lower neighbour
-    and to the token at its place in the next frame (frames 1.. only: frame 0 never merges with
-    them; nan for an image)."""
+    """Mean cosine similarity of each token's features (B, N, C) to its right and lower neighbour,
+    to the token at its place in the next frame (frames 1.. only: frame 0 never merges with them;
+    nan for an image) and, for scale, to a token drawn at random from the same call."""
     f, h, w = grid
-    x = F.normalize(feats.float(), dim=-1).unflatten(1, (f, h, w))
+    unit = F.normalize(feats.float(), dim=-1)
+    x = unit.unflatten(1, (f, h, w))
+    shuffled = unit[:, torch.randperm(unit.shape[1], generator=torch.Generator().manual_seed(0))]
 
     def cos(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a * b).sum(-1).mean())
@@ -295,6 +297,7 @@ def neighbours(feats: torch.Tensor, grid: tuple[int, int, int]) -> dict[str, flo
         "right": cos(x[:, :, :, 1:], x[:, :, :, :-1]),
         "down": cos(x[:, :, 1:], x[:, :, :-1]),
         "next frame": cos(x[:, 2:], x[:, 1:-1]) if f > 2 else math.nan,
+        "random": cos(unit, shuffled),
     }
 
 
@@ -359,7 +362,7 @@ def run_rows(name: str, found: Findings) -> list[str]:
 
 def alike_rows(name: str, found: Findings) -> list[str]:
     return [f"| {name} | {part} | " + " | ".join(f"{statistics.fmean(a[k] for a in found.alike[part]):.3f}"
-                                                  for k in ("right", "down", "next frame")) + " |"
+                                                  for k in ("right", "down", "next frame", "random")) + " |"
             for part in PARTS]
 
 
@@ -367,7 +370,8 @@ TABLES = (
     ("| fixture | ratio | steps | block calls | input | carry | run | call |\n|---|---:|---|---:|---:|---:|---:|---:|",
      block_rows),
     ("| fixture | run | call error (mean) | sample error | PSNR (dB) |\n|---|---|---:|---:|---:|", run_rows),
-    ("| fixture | steps | cosine to right neighbour | lower neighbour | same place, next frame |\n|---|---|---:|---:|---:|",
+    (("| fixture | steps | cosine to right neighbour | lower neighbour | same place, next frame | a random token |\n"
+      "|---|---|---:|---:|---:|---:|"),
      alike_rows),
 )
 

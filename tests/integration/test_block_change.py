@@ -53,3 +53,15 @@ def test_ratio_zero_reports_no_error(recorded: tuple, bc: Any) -> None:
     identity = bc.patched(fixture, 0.0, args)
     assert bc.call_error(identity, model_calls[-1]) == 0.0
     assert bc.call_error(bc.patched(fixture, 0.5, args), model_calls[-1]) > 0.0
+
+
+def test_neighbours_sees_a_repeated_frame_and_independent_tokens(bc: Any) -> None:
+    """Frames that repeat frame 1 are alike at the same place one frame later and nowhere else."""
+    gen = torch.Generator().manual_seed(0)
+    frames, h, w, c = 4, 6, 6, 256
+    first = torch.randn(1, 1, h * w, c, generator=gen)
+    video = torch.cat([torch.randn(1, 1, h * w, c, generator=gen), first.expand(1, frames - 1, -1, -1)], dim=1)
+    alike = bc.neighbours(video.flatten(1, 2), (frames, h, w))
+    assert alike["next frame"] == pytest.approx(1.0)
+    for key in ("right", "down", "random"):
+        assert abs(alike[key]) < 0.1, (key, alike)
