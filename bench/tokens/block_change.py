@@ -65,12 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @dataclass
 class BlockCall:
-    """One recorded block call: a replay of the block on an image-token input, and where it ran."""
+    """One recorded block call: its model call (`step`), the block's name, its image-token input
+    x (B, N, C) and a replay of the block on other image tokens."""
 
     step: int
     block: str
     x: torch.Tensor
-    replay: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None], torch.Tensor]
+    replay: Callable[[torch.Tensor, Callable[[torch.Tensor, int], torch.Tensor] | None], torch.Tensor]
     """replay(img, take): the block's output image tokens for input image tokens img (B, N', C);
     take(rows, dim) gathers the per-token rope rows to img's tokens (None: all N tokens)."""
 
