@@ -21,8 +21,9 @@ steps (early = high noise):
   block merged, a plan per call) on the recorded input x_t of the unpatched run: the error one
   sampling step adds.
 
-The second table samples whole runs: ToMA on every block and step, and for scale the unpatched
-model from perturbed noise (`--noise-mix` m: sqrt(1 - m^2) n + m n'; m = 1 is another seed):
+The second table samples whole runs: ToMA on every block and step, ToMA on the first two thirds
+or the last third of the steps only (`--windows`), and for scale the unpatched model from perturbed
+noise (`--noise-mix` m: sqrt(1 - m^2) n + m n'; m = 1 is another seed):
 relative error of the sampled latent and PSNR of the decoded pixels against the unpatched run.
 The third gives how alike neighbouring tokens of the block inputs are (mean cosine), in space and,
 for video, at the same place one frame later, beside a random token of the same call for scale.
@@ -57,10 +58,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="unpatched runs from slightly perturbed noise, for scale (Fixture.sample)")
     p.add_argument("--wan-shift", type=float, default=0.0,
                    help="sample the Wan fixture at this flow shift (ComfyUI's ModelSamplingSD3; 0: its own 8)")
+    p.add_argument("--windows", type=window, nargs="*", default=[(0.0, 2 / 3), (2 / 3, 1.0)], metavar="START:END",
+                   help="whole runs with ToMA only from start_percent START to end_percent END")
+    p.add_argument("--window-ratio", type=float, default=0.5, help="the ratio of the --windows runs")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"])
     p.set_defaults(device="cpu", dtype="fp32")
     return p.parse_args(argv)
+
+
+def window(text: str) -> tuple[float, float]:
+    """"START:END" -> (start_percent, end_percent)."""
+    start, _, end = text.partition(":")
+    return float(start), float(end)
 
 
 @dataclass
@@ -247,13 +257,13 @@ def record_run(fixture: Fixture, seed: int) -> tuple[list[BlockCall], list[Model
     return rec.calls, calls, latent
 
 
-def patched(fixture: Fixture, ratio: float, args: argparse.Namespace) -> Any:
-    """The fixture under ToMA through the pack: every block, every step, `ratio`, --tile-size and
-    --tile-frames (which only video models read)."""
+def patched(fixture: Fixture, ratio: float, args: argparse.Namespace, start: float = 0.0, end: float = 1.0) -> Any:
+    """The fixture under ToMA through the pack: every block, the steps from start_percent `start`
+    to end_percent `end`, `ratio`, --tile-size and --tile-frames (which only video models read)."""
     from ..harness.pack import pack_module
 
     nodes, patching = pack_module("nodes.toma_nodes"), pack_module("nodes.patching")
-    settings = nodes.build_settings(ratio, args.tile_size, 0.0, 1.0, 1, 1, blocks="all", min_tokens=0,
+    settings = nodes.build_settings(ratio, args.tile_size, start, end, 1, 1, blocks="all", min_tokens=0,
                                     tile_frames=args.tile_frames)
     return patching.patch_model(fixture.model, settings)
 
@@ -324,6 +334,8 @@ def measure(fixture: Fixture, args: argparse.Namespace) -> Findings:
     ratios, steps, found = args.ratios, fixture.sampler["steps"], Findings()
     models = {ratio: patched(fixture, ratio, args) for ratio in ratios}
     variants = {(f"ToMA {r:g}", r): (models[r], 0.0) for r in ratios}
+    variants |= {(f"ToMA {args.window_ratio:g}, steps {a:.0%}-{b:.0%}", None): (patched(fixture, args.window_ratio, args, a, b), 0.0)
+                 for a, b in args.windows}
     variants |= {(f"noise {m:g}", None): (fixture.model, m) for m in args.noise_mix}
     for seed in range(args.seeds):
         block_calls, model_calls, reference = record_run(fixture, seed)
