@@ -187,13 +187,14 @@ class Fixture:
 
 
 def wan_fixture(args: argparse.Namespace) -> Fixture:
-    from toma_core.video import Segment, make_video_plan
-
     from ..harness import trained_video as tv
+    from ..harness.pack import pack_module
 
+    video = pack_module("toma_core.video")
     _, _, frames, height, width = tv.latent_shape()
     h, w = height // 2, width // 2
-    segments = [Segment(1), Segment(frames - 1, tile_frames=args.tile_frames)]
+    # the Wan adapter's cut of a T2V call without a noise mask (nodes/families/wan.py, _frame_runs)
+    segments = [video.Segment(n, tile_frames=args.tile_frames) for _, n in video.frame_runs([[0.0] * frames])]
     positive, negative = tv.conditioning()
     model = tv.load_model()
     if args.wan_shift:
@@ -202,15 +203,16 @@ def wan_fixture(args: argparse.Namespace) -> Fixture:
         model = ModelSamplingSD3().patch(model, args.wan_shift)[0]
     return Fixture(
         "wan", model, torch.zeros(tv.latent_shape()), positive, negative, dict(tv.SAMPLER), record_wan,
-        lambda feats, ratio: make_video_plan(feats, segments, h, w, ratio, args.tile_size), tv.decode,
+        lambda feats, ratio: video.make_video_plan(feats, segments, h, w, ratio, args.tile_size), tv.decode,
         (frames, h, w),
     )
 
 
 def flux_fixture(args: argparse.Namespace) -> Fixture:
-    from toma_core import make_plan
-
     from ..harness import trained
+    from ..harness.pack import pack_module
+
+    make_plan = pack_module("toma_core").make_plan
 
     shape = trained.latent_shape("flux")
     h, w = shape[2] // 2, shape[3] // 2
@@ -278,11 +280,25 @@ def call_error(model: Any, call: ModelCall) -> float:
     return relative_error(out, call.out)
 
 
+def plan_features(x: torch.Tensor) -> torch.Tensor:
+    """The features the pack builds its plans from (nodes/machinery/merge.features), (B, N, C)."""
+    from ..harness.pack import pack_module
+
+    return pack_module("nodes.machinery.merge").features(x)
+
+
 @torch.no_grad()
-def errors(call: BlockCall, plan: Any) -> dict[str, float]:
-    """input / carry / run errors of one block call under `plan` (module docstring)."""
+def exact_output(call: BlockCall) -> torch.Tensor:
+    """The block's output image tokens (B, N, C) on all of its recorded input."""
+    return call.replay(call.x, None)
+
+
+@torch.no_grad()
+def errors(call: BlockCall, plan: Any, exact: torch.Tensor) -> dict[str, float]:
+    """input / carry / run errors of one block call under `plan` (module docstring); exact is
+    `exact_output(call)`, computed once for all plans of the call."""
     x = call.x
-    delta = call.replay(x, None) - x
+    delta = exact - x
     x_m = plan.merge(x)
     out_m = call.replay(x_m, plan.take)
     return {
@@ -340,11 +356,11 @@ def measure(fixture: Fixture, args: argparse.Namespace) -> Findings:
     for seed in range(args.seeds):
         block_calls, model_calls, reference = record_run(fixture, seed)
         for call in block_calls:
-            feats = F.layer_norm(call.x.float(), (call.x.shape[-1],))
+            feats, exact = plan_features(call.x), exact_output(call)
             found.alike.setdefault(third(call.step, steps), []).append(neighbours(feats, fixture.grid))
             for ratio in ratios:
                 found.blocks.setdefault((ratio, third(call.step, steps)), []).append(
-                    errors(call, fixture.plan(feats, ratio)))
+                    errors(call, fixture.plan(feats, ratio), exact))
         for call in model_calls:
             for ratio in ratios:
                 found.calls.setdefault((ratio, third(call.step, steps)), []).append(call_error(models[ratio], call))

@@ -48,8 +48,8 @@ def test_a_replay_gives_the_next_blocks_recorded_input(recorded: tuple) -> None:
 def test_ratio_zero_reports_no_error(recorded: tuple, bc: Any) -> None:
     args, fixture, block_calls, model_calls = recorded
     for call in block_calls[:3]:
-        feats = torch.nn.functional.layer_norm(call.x, (call.x.shape[-1],))
-        assert bc.errors(call, fixture.plan(feats, 0.0)) == {"input": 0.0, "carry": 0.0, "run": 0.0}
+        plan = fixture.plan(bc.plan_features(call.x), 0.0)
+        assert bc.errors(call, plan, bc.exact_output(call)) == {"input": 0.0, "carry": 0.0, "run": 0.0}
     identity = bc.patched(fixture, 0.0, args)
     assert bc.call_error(identity, model_calls[-1]) == 0.0
     assert bc.call_error(bc.patched(fixture, 0.5, args), model_calls[-1]) > 0.0
