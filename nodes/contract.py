@@ -81,12 +81,22 @@ class Unmerged:
     """Why something stays unmerged, in place of the merged result a function would return.
 
     reason: counted under it in the run's log line; None: there was nothing to merge (not counted).
+    layout: the block's inputs are not laid out as its adapter relies on (where the image span is,
+    a per-token table's shape, a keyword the layer receives, a modulation span): ComfyUI changed
+    under the pack. Besides the count, such a reason is warned about once, naming the ComfyUI
+    version (skeleton.run_hook).
     """
 
     reason: str | None
+    layout: bool = False
 
 
-TOKENS_DIFFER = Unmerged("image tokens differ from the latent grid")
+def layout_changed(reason: str) -> Unmerged:
+    """An Unmerged for a block whose inputs break the layout its adapter checks (see Unmerged.layout)."""
+    return Unmerged(reason, layout=True)
+
+
+TOKENS_DIFFER = layout_changed("image tokens differ from the latent grid")
 """A block saw another token count than the call's geometry predicts."""
 
 NOTHING_TO_MERGE = Unmerged(None)

@@ -11,7 +11,7 @@ import torch
 
 from .cli import DTYPES
 from .pack import pack_module
-from .tiny_models import init_weights
+from .tiny_models import init_weights, model_config
 
 
 def build_patcher(config_cls: type, unet_config: dict, args: argparse.Namespace) -> Any:
@@ -20,10 +20,7 @@ def build_patcher(config_cls: type, unet_config: dict, args: argparse.Namespace)
     import comfy.model_patcher
 
     dtype, device = DTYPES[args.dtype], torch.device(args.device)
-    model_config = config_cls(unet_config)
-    model_config.unet_config.update(unet_config)
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({}, device=device)
+    model = model_config(config_cls, unet_config, dtype).get_model({}, device=device)
     init_weights(model.diffusion_model)
     model.to(device).eval()
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)

@@ -162,12 +162,48 @@ def zero_weights(module: torch.nn.Module) -> None:
             param.zero_()
 
 
-def _model_config(config_cls: type, unet_config: dict[str, Any]) -> Any:
-    """Instantiate a ``comfy.supported_models`` config with our unet_config winning over its extras."""
-    model_config = config_cls(unet_config)
-    model_config.unet_config.update(unet_config)  # BASE.__init__ overlays unet_extra_config (e.g. 64-ch heads)
-    model_config.set_inference_dtype(torch.float32, None)
-    return model_config
+TREE_KEYS: dict[str, Any] = {
+    "txt_ids_dims": [],
+    "vec_in_dim": None,
+    "use_cond_type_embedding": False,
+    "vision_in_dim": None,
+    "meanflow_sum": False,
+}
+"""Model-config keys that newer ComfyUI trees require and older ones reject, with the value that
+builds the model the older tree built: ComfyUI 0.33 added ``FluxParams.txt_ids_dims`` (Flux.1: no
+text position ids), ``ChromaParams.vec_in_dim`` (Chroma: none) and ``HunyuanVideoParams``'
+``use_cond_type_embedding`` / ``vision_in_dim`` / ``meanflow_sum`` (HunyuanVideo 1.0: off)."""
+
+PARAMS_CLASSES = {
+    "flux": ("comfy.ldm.flux.model", "FluxParams"),
+    "chroma": ("comfy.ldm.chroma.model", "ChromaParams"),
+    "hunyuan_video": ("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams"),
+}
+"""image_model -> the dataclass its DiT builds its config into (module, class)."""
+
+
+def tree_config(unet_config: dict[str, Any], image_model: str | None = None) -> dict[str, Any]:
+    """unet_config plus the TREE_KEYS this ComfyUI tree's params dataclass has and the config lacks,
+    so one tiny config builds on ComfyUI 0.3.64 and 0.33 alike. image_model: the params class to
+    read (default: unet_config["image_model"])."""
+    import dataclasses
+    import importlib
+
+    where = PARAMS_CLASSES.get(image_model or unet_config.get("image_model", ""))
+    if where is None:
+        return unet_config
+    fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(where[0]), where[1]))}
+    return {k: v for k, v in TREE_KEYS.items() if k in fields and k not in unet_config} | unet_config
+
+
+def model_config(config_cls: type, unet_config: dict[str, Any], dtype: torch.dtype = torch.float32) -> Any:
+    """Instantiate a ``comfy.supported_models`` config with our unet_config (completed by
+    ``tree_config``) winning over its extras, weights and compute in `dtype`."""
+    unet_config = tree_config(unet_config)
+    config = config_cls(dict(unet_config))
+    config.unet_config.update(unet_config)  # BASE.__init__ overlays unet_extra_config (e.g. 64-ch heads)
+    config.set_inference_dtype(dtype, None)
+    return config
 
 
 def _wrap(model: torch.nn.Module, seed: int, gain: float) -> Any:
@@ -185,7 +221,7 @@ def _wrap(model: torch.nn.Module, seed: int, gain: float) -> Any:
 def build(config_cls: type, unet_config: dict[str, Any], seed: int = 0, gain: float = 1.0) -> Any:
     """A ``comfy.supported_models`` config class's model built from ``unet_config``, its weights
     filled by ``init_weights(seed, gain)``, in a ModelPatcher."""
-    return _wrap(_model_config(config_cls, unet_config).get_model({}), seed, gain)
+    return _wrap(model_config(config_cls, unet_config).get_model({}), seed, gain)
 
 
 def build_flux(seed: int = 0, gain: float = 1.0, **overrides: Any) -> Any:

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .tiny_models import init_weights
+from .tiny_models import init_weights, model_config
 
 log = logging.getLogger(__name__)
 
@@ -271,10 +271,7 @@ def build_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
     import comfy.supported_models
 
     s = spec(family)
-    model_config = getattr(comfy.supported_models, s.config_class)(dict(s.unet_config))
-    model_config.unet_config.update(s.unet_config)  # BASE.__init__ overlays unet_extra_config
-    model_config.set_inference_dtype(dtype, None)
-    return model_config.get_model({})
+    return model_config(getattr(comfy.supported_models, s.config_class), s.unet_config, dtype).get_model({})
 
 
 def _read_fixture(family: str) -> dict[str, torch.Tensor]:

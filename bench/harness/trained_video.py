@@ -208,10 +208,7 @@ def build_model(dtype: torch.dtype = torch.float32) -> Any:
     """ComfyUI's WAN21 BaseModel (CPU, weights and compute in `dtype`), uninitialised weights."""
     import comfy.supported_models
 
-    model_config = comfy.supported_models.WAN21_T2V(dict(WAN_CONFIG))
-    model_config.unet_config.update(WAN_CONFIG)
-    model_config.set_inference_dtype(dtype, None)
-    return model_config.get_model({})
+    return tiny_models.model_config(comfy.supported_models.WAN21_T2V, WAN_CONFIG, dtype).get_model({})
 
 
 def _read_fixture() -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ import torch
 
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment, make_video_plan
-from ..contract import Unmerged
+from ..contract import Unmerged, layout_changed
 from ..runtime import CallContext
 from .hooks import MergedBlock
 from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
@@ -95,7 +95,7 @@ def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: 
             if isinstance(table, Unmerged):
                 return table
         elif table.ndim <= rows.dim or table.shape[rows.dim] != length:
-            return Unmerged(f"{rows.key} of shape {tuple(table.shape)} does not have {length} rows on axis {rows.dim}")
+            return layout_changed(f"{rows.key} of shape {tuple(table.shape)} does not have {length} rows on axis {rows.dim}")
         else:
             table = merge_rows(table, rows.dim, rows.start, n, plan)
         merged[rows.key] = table

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ...toma_core import MergePlan
-from ..contract import Unmerged
+from ..contract import Unmerged, layout_changed
 
 
 def features(x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +72,7 @@ def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, l
     if mask is None:
         return None
     if mask.ndim < 2 or mask.shape[-1] != length or mask.shape[-2] != length:
-        return Unmerged(f"attn_mask of shape {tuple(mask.shape)} is not (..., {length}, {length})")
+        return layout_changed(f"attn_mask of shape {tuple(mask.shape)} is not (..., {length}, {length})")
     if mask.ndim == 2:
         mask = mask.unsqueeze(0)
     rows = merge_rows(mask, mask.ndim - 2, start, n, plan)
@@ -85,7 +85,7 @@ def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: in
     if mask is None:
         return None
     if mask.ndim < 2 or mask.shape[-1] != length:
-        return Unmerged(f"key mask of shape {tuple(mask.shape)} does not end in {length} keys")
+        return layout_changed(f"key mask of shape {tuple(mask.shape)} does not end in {length} keys")
     return merge_rows(mask, mask.ndim - 1, start, n, plan)
 
 

@@ -9,11 +9,17 @@ supplies `merged(ctx)`, which returns the block's result on merged tokens or an 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TypeVar
 
 from ..contract import Unmerged
-from ..runtime import CallContext, find_call, note_orphan
+from ..runtime import CallContext, compiling, find_call, note_orphan
+
+log = logging.getLogger(__name__)
+
+_WARNED: set[tuple[str, str]] = set()
+"""(family, reason) of the layout changes already warned about in this process."""
 
 R = TypeVar("R")
 
@@ -39,7 +45,30 @@ def run_hook(args: dict, extra: dict | None, plain: Callable[[], R], merged: Cal
     if isinstance(out, Unmerged):
         if out.reason is not None:
             ctx.record_block(False, out.reason)
+        if out.layout:
+            warn_layout(ctx.state.config.adapter.family, out.reason or "")
         return plain()
     ctx.record_block(True)
     return out
 
+
+
+def warn_layout(family: str, reason: str) -> None:
+    """Warn once per process and reason that a block's inputs broke its adapter's layout check, naming
+    the running ComfyUI's version (the block ran unmerged; the run line counts it)."""
+    if compiling() or (family, reason) in _WARNED:
+        return
+    _WARNED.add((family, reason))
+    log.warning(
+        "ToMA [%s]: on ComfyUI %s the blocks' inputs are not laid out as ToMA expects (%s): those blocks run "
+        "unmerged, nothing is merged wrongly. Please report it with your ComfyUI version.", family, comfyui_version(), reason,
+    )
+
+
+def comfyui_version() -> str:
+    """The running ComfyUI's version (ComfyUI's own comfyui_version module), or "unknown"."""
+    try:
+        from comfyui_version import __version__
+    except ImportError:
+        return "unknown"
+    return str(__version__)

@@ -445,7 +445,7 @@ def tiny_flux_controlnet(tiny: Any) -> Any:
     import comfy.model_management as mm
     import comfy.ops
 
-    config = {k: v for k, v in tiny.tiny_flux_config().items() if k != "image_model"}
+    config = {k: v for k, v in tiny.tree_config(tiny.tiny_flux_config()).items() if k != "image_model"}
     net = comfy.ldm.flux.controlnet.ControlNetFlux(operations=comfy.ops.disable_weight_init, **config)
     tiny.init_weights(net, seed=21)
     return comfy.controlnet.ControlNet(net, load_device=mm.get_torch_device(), extra_conds=["y", "guidance"])
