@@ -108,3 +108,51 @@ def summary(caplog: Any) -> str:
     lines = run_lines(caplog)
     assert lines
     return lines[-1]
+
+
+def attention_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, **kw: Any) -> list[tuple[torch.Tensor, ...]]:
+    """(q, k, v) of every attention call of a 1-step, cfg-1 run, tokens on axis 1 as (B, L, ...)
+    whatever layout the model hands its attention (skip_reshape: (B, H, L, d))."""
+    calls: list[tuple[torch.Tensor, ...]] = []
+
+    def override(func, q, k, v, heads, *args, **kwargs):
+        tensors = (q, k, v)
+        if kwargs.get("skip_reshape"):
+            tensors = tuple(t.transpose(1, 2) for t in tensors)
+        calls.append(tuple(t.detach().clone() for t in tensors))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    kw = {"steps": 1, "cfg": 1.0} | kw
+    sample(tiny, clone, latent, pos, neg, **kw)
+    return calls
+
+
+def check_passthrough_rows(
+    tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list,
+    kept: Any, merged_tokens: int, **settings: Any,
+) -> None:
+    """Which rows merged: at the first attention whose sequence ToMA shortened, every token that
+    must pass through (text, padding, reference, register tokens) reaches the attention exactly as
+    unpatched (q, k and v after the model's projections, norms and rope: its rope row and
+    modulation are its own), and the rows ToMA removed number N - D.
+
+    kept(plain_length, merged_length) -> [(start in the unpatched sequence, start in the merged
+    one, count), ...]: the pass-through spans. merged_tokens: N - D, the rows merging removes. A
+    merge of the wrong tokens (text instead of image) changes a pass-through row; a merge of none
+    finds no shortened attention. settings: ToMA settings (default ratio 0.5, tile 4, every block).
+    """
+    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all"} | settings
+    plain = attention_inputs(tiny, model, latent, pos, neg)
+    merged = attention_inputs(tiny, patch(toma, model, **settings), latent, pos, neg)
+    assert len(plain) == len(merged)
+    first = next((i for i, (p, m) in enumerate(zip(plain, merged)) if p[1].shape[1] != m[1].shape[1]), None)
+    assert first is not None, "no attention ran on merged tokens"
+    p_len, m_len = plain[first][1].shape[1], merged[first][1].shape[1]
+    assert p_len - m_len == merged_tokens
+    spans = kept(p_len, m_len)
+    assert spans and all(count > 0 for _, _, count in spans)
+    for p_t, m_t in zip(plain[first], merged[first]):
+        for p_start, m_start, count in spans:
+            torch.testing.assert_close(m_t[:, m_start:m_start + count], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
