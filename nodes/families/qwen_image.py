@@ -1,46 +1,128 @@
 """ToMA for Qwen-Image and Qwen-Image-Edit (`comfy.ldm.qwen_image.model.QwenImageTransformer2DModel`).
 
 Its 60 blocks are `patches_replace["dit"]` ("double_block", i) keys with args img (B, N+R, C),
-txt (B, T, C), vec (B, D) and pe (B, T+N+R, 1, hd/2, 2, 2), text rows first (as
-QwenImageTransformer2DModel._forward passes them). The block runs on [M img; references]; merged tokens take their destinations'
-pe rows at [T, T+N). There is no text mask (ComfyUI never passes one) and no in-place write.
+txt (B, T, C), vec (B|2B, C) and pe, a rope table with one row per token of [text (T); image (N);
+references (R)] on one axis: (B, T+N+R, 1, hd/2, 2, 2) on ComfyUI 0.3.64, (B, 1, T+N+R, hd/2, 2, 2)
+where `_forward` keeps `pe_embedder(ids)` as it is. The token axis is read from the pe each block
+receives (the one axis of length T + N + R); none or several: the block runs unmerged, the layout
+reason counted. The block runs on [M img; references]; merged tokens take their destinations'
+pe rows at [T, T+N). The text mask (`encoder_hidden_states_mask`, from `_forward`'s closure)
+covers the T text keys only and the block sizes the image part from what it receives, so merging
+leaves it intact. No block writes its input in place.
 
 Edit: reference-image tokens (`reference_latents`, R tokens after the image) pass through
 unmerged with their pe rows. With CFG and a reference on the positive only, cond and uncond run
 as separate calls of different length; geometry (and the plan) is per call. The latent
-is 5-D (B, 16, 1, H, W); the grid is ceil(H / 2) x ceil(W / 2).
+is 5-D (B, 16, F, H, W); the grid is ceil(H / 2) x ceil(W / 2). A latent of F > 1 frames (the
+layered latents `QwenImageTransformer2DModel.process_img` takes) is not one image grid: such a
+call runs unmerged with the reason (machinery/geometry.image_grid).
+
+Reference method `index_timestep_zero` (Qwen-Image-Edit 2511's `default_ref_method`, or the
+conditioning's `reference_latents_method`): vec holds 2B rows, the call's timestep then timestep 0,
+and `_forward` hands every block `timestep_zero_index` = N from a closure, not in the replace
+args: tokens from N on (the references) take the timestep-0 modulation
+(`QwenImageTransformerBlock._modulate`). A merged block has its references from D on, so an
+object patch of each selected block's forward (`make_forward`) moves that index from N to D
+for the merged run only: the references keep their own modulation, exactly.
 """
 
 from __future__ import annotations
 
-from ..contract import TOKENS_DIFFER, Unmerged
+from collections.abc import Callable
+
+import torch
+
+from ...toma_core import MergePlan
+from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import install_dit_hooks
+from ..machinery.hooks import install_dit_hooks, install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
 from ..runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "qwen_image"
 
+ZERO_INDEX = "toma_timestep_zero_index"
+"""transformer_options key of a merged block run under index_timestep_zero: (N, D), the index the
+block's caller splits the modulation at and the one the merged tokens need (see make_forward)."""
+
 
 def apply(model, settings: ToMASettings) -> DitAdapter:
-    """Hook the selected blocks of a ModelPatcher clone of a Qwen-Image model."""
+    """Hook the selected blocks of a ModelPatcher clone of a Qwen-Image model: their replace keys
+    merge, their forwards move the timestep-zero index of a merged run."""
     require_block_scope(settings, "Qwen-Image")
     dm = model.get_model_object("diffusion_model")
     sizes = {"double": len(dm.transformer_blocks)}
     blocks = parse_dit_blocks(settings.blocks, sizes)
     install_dit_hooks(model, sizes, blocks, {"double": merged_block})
+    paths = {f"transformer_blocks.{i}": blocks.selects("double", i) for i in range(sizes["double"])}
+    install_forward_patches(model, paths, lambda path, foreign: make_forward(dm.get_submodule(path), foreign))
     return DitAdapter("qwen_image", blocks.describe(), blocks.count, int(dm.patch_size))
 
 
+def token_axis(pe: torch.Tensor, length: int) -> int | Unmerged:
+    """The axis of pe (B, ...) with one row per token of the block's L = `length` tokens."""
+    axes = [a for a in range(1, pe.ndim) if pe.shape[a] == length]
+    if len(axes) != 1:
+        return layout_changed(f"pe of shape {tuple(pe.shape)} does not have one axis of {length} rows")
+    return axes[0]
+
+
+def timestep_zero(args: dict, n: int) -> Callable[[MergePlan], dict] | None | Unmerged:
+    """None for one modulation per sample (vec (B, C)); under index_timestep_zero (vec (2B, C): the
+    call's timestep, then timestep 0 for the tokens from N on) the merged run's transformer_options
+    carrying (N, D) for make_forward; Unmerged for another vec batch."""
+    batch, rows = args["img"].shape[0], args["vec"].shape[0]
+    if rows in (1, batch):
+        return None
+    if rows != 2 * batch:
+        return layout_changed(f"vec of batch {rows} is neither the image batch {batch} nor twice it")
+    options = args["transformer_options"]
+    return lambda plan: {"transformer_options": options | {ZERO_INDEX: (n, plan.num_kept)}}
+
+
 def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
-    """Block: img [image (N); references (R)] merged to (B, D+R, C); pe rows gathered at T."""
+    """Block: img [image (N); references (R)] merged to (B, D+R, C); pe rows gathered at T on the
+    axis that has T + N + R rows."""
     g, img, text_len = ctx.geometry, args["img"], args["txt"].shape[1]
     if img.shape[1] != g.tokens + g.extra_tokens:
         return TOKENS_DIFFER
-    return ImageSpan(0, (Rows("pe", 1, text_len),), text_len + img.shape[1])
+    length = text_len + img.shape[1]
+    axis = token_axis(args["pe"], length)
+    if isinstance(axis, Unmerged):
+        return axis
+    zero = timestep_zero(args, g.tokens)
+    if isinstance(zero, Unmerged):
+        return zero
+    return ImageSpan(0, (Rows("pe", axis, text_len),), length, more=zero)
 
 
 merged_block = merged_dit_block(SLOT, image_span)
+
+
+def make_forward(block: torch.nn.Module, foreign: Callable | None) -> Callable:
+    """The object patch of one block's forward: under a merged index_timestep_zero run (ZERO_INDEX
+    in its transformer_options) timestep_zero_index N becomes D, the merged image's length; every
+    other run passes through as it is."""
+    run = module_forward(block, foreign)
+
+    def toma_forward(*args, **kwargs):
+        moved = kwargs.get("transformer_options", {}).get(ZERO_INDEX)
+        if moved is not None:
+            kwargs["timestep_zero_index"] = moved_index(kwargs.get("timestep_zero_index"), *moved)
+        return run(*args, **kwargs)
+
+    return toma_forward
+
+
+def moved_index(index: int | None, n: int, d: int) -> int:
+    """D for the timestep-zero index N of the unmerged image; any other index means the block's
+    caller splits the tokens elsewhere than ToMA checked, and merging would modulate wrong tokens."""
+    if index != n:
+        raise RuntimeError(
+            f"ToMA [qwen_image]: the block splits its modulation at token {index}, not at the image's end ({n}); "
+            "run without ToMA on this model and report your ComfyUI version"
+        )
+    return d

@@ -1,11 +1,14 @@
 """ToMA on Qwen-Image and Qwen-Image-Edit in real ComfyUI: a tiny random-weight
 `QwenImageTransformer2DModel` sampled through `comfy.sample.sample`. Traps
-(comfy/ldm/qwen_image/model.py): the 5-D latent, pe with batch B and text rows first,
-Edit reference tokens after the image (unmerged), cond and uncond as separate calls of different
-lengths when only the positive has a reference."""
+(comfy/ldm/qwen_image/model.py): the 5-D latent, pe with batch B and text rows first, its token
+axis 1 or 2 depending on the tree, Edit reference tokens after the image (unmerged), cond and
+uncond as separate calls of different lengths when only the positive has a reference, the
+index_timestep_zero reference method (timestep-0 modulation from token N on), layered
+multi-frame latents."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -18,6 +21,32 @@ from bench.harness import tiny_dits  # noqa: E402
 LATENT = (1, 16, 1, 16, 16)
 """An 8 x 8 token grid (Qwen-Image latents are 5-D with one frame)."""
 TEXT = 12
+
+
+REF = (1, 16, 1, 10, 12)
+"""A reference latent of 5 x 6 = 30 tokens after the image."""
+
+
+def reference(seed: int = 3) -> Any:
+    return torch.randn(REF, generator=torch.Generator().manual_seed(seed))
+
+
+def token_axis(pe: Any, length: int) -> int:
+    """The axis of a rope table with `length` rows (axis 1 on ComfyUI 0.3.64, axis 2 on 0.33)."""
+    (axis,) = [a for a in range(1, pe.ndim) if pe.shape[a] == length]
+    return axis
+
+
+def require_timestep_zero() -> None:
+    from comfy.ldm.qwen_image.model import QwenImageTransformerBlock
+
+    if "timestep_zero_index" not in inspect.signature(QwenImageTransformerBlock.forward).parameters:
+        pytest.skip("ComfyUI 0.3.64 has no comfy.ldm.qwen_image index_timestep_zero reference method")
+
+
+def text_and_references(text: int, refs: int) -> Any:
+    """check_passthrough_rows spans: the T text rows first, the R reference rows last."""
+    return lambda plain, merged: [(0, 0, text), (plain - refs, merged - refs, refs)]
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +88,7 @@ def test_odd_sizes(qwen: Any, tiny: Any, toma: Any, conds: tuple, shape: tuple[i
 def test_edit_reference_tokens_pass_through(qwen: Any, tiny: Any, toma: Any) -> None:
     """The positive carries a 10 x 12 reference latent (5 x 6 = 30 tokens after the image): the cond
     call runs alone on T + D + 30 tokens, the uncond on T + D; ratio 0 stays exact."""
-    ref = torch.randn((1, 16, 1, 10, 12), generator=torch.Generator().manual_seed(3))
-    pos = tiny_dits.conditioning("qwen", 1, TEXT, reference_latents=[ref])
+    pos = tiny_dits.conditioning("qwen", 1, TEXT, reference_latents=[reference()])
     neg = tiny_dits.conditioning("qwen", 2, TEXT)
     fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg)
     plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, pos, neg)
@@ -89,8 +117,81 @@ def test_merged_tokens_take_their_destinations_rope_rows(qwen: Any, tiny: Any, t
     fc.sample(tiny, fc.patch(toma, spying(qwen, merged), blocks="double:1", tile_size=4), LATENT, *conds, steps=1)
     fc.sample(tiny, spying(qwen, full), LATENT, *conds, steps=1)
     (pe, tokens), (pe_full, _) = merged[0], full[0]
-    assert tokens == 32 and pe.shape[1] == TEXT + 32 and pe_full.shape[1] == TEXT + 64
+    axis = token_axis(pe_full, TEXT + 64)
+    assert tokens == 32 and pe.shape[axis] == TEXT + 32
+    pe, pe_full = pe.movedim(axis, 1), pe_full.movedim(axis, 1)
     assert torch.equal(pe[:, :TEXT], pe_full[:, :TEXT])
     rows = {tuple(r.flatten().tolist()) for r in pe_full[0, TEXT:]}
     assert all(tuple(r.flatten().tolist()) in rows for r in pe[0, TEXT:])
     assert len({tuple(r.flatten().tolist()) for r in pe[0, TEXT:]}) > 1
+
+
+def test_text_rows_pass_through_and_image_rows_merge(qwen: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    """At the first shortened attention the T text rows are exactly the unpatched ones and the
+    64-token image lost 32 rows (a pe axis the adapter misreads merges nothing)."""
+    fc.check_passthrough_rows(tiny, toma, qwen, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32)
+
+
+def test_edit_reference_rows_pass_through(qwen: Any, tiny: Any, toma: Any) -> None:
+    """With a reference after the image, text rows and the 30 reference rows reach the first
+    shortened attention exactly as unpatched; 32 of the 64 image rows are gone."""
+    pos = tiny_dits.conditioning("qwen", 1, TEXT, reference_latents=[reference()])
+    neg = tiny_dits.conditioning("qwen", 2, TEXT)
+    fc.check_passthrough_rows(tiny, toma, qwen, LATENT, pos, neg, kept=text_and_references(TEXT, 30), merged_tokens=32)
+
+
+def timestep_zero_conds() -> tuple[list, list]:
+    """Positive with a reference under the index_timestep_zero method (Qwen-Image-Edit 2511's default)."""
+    pos = tiny_dits.conditioning(
+        "qwen", 1, TEXT, reference_latents=[reference()], reference_latents_method="index_timestep_zero",
+    )
+    return pos, tiny_dits.conditioning("qwen", 2, TEXT)
+
+
+def test_timestep_zero_ratio_zero_is_bit_identical(qwen: Any, tiny: Any, toma: Any) -> None:
+    require_timestep_zero()
+    fc.check_ratio_zero(tiny, toma, qwen, LATENT, *timestep_zero_conds())
+
+
+def test_timestep_zero_references_keep_their_modulation(qwen: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """index_timestep_zero: the block splits its modulation at the merged image's end, so the 30
+    reference rows (timestep-0 modulation) and the text rows reach the first shortened attention
+    exactly as unpatched, and every block run merges."""
+    require_timestep_zero()
+    pos, neg = timestep_zero_conds()
+    fc.check_passthrough_rows(tiny, toma, qwen, LATENT, pos, neg, kept=text_and_references(TEXT, 30), merged_tokens=32)
+    caplog.set_level("INFO")
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, pos, neg)
+    assert sorted(set(merged)) == [TEXT + 32, TEXT + 32 + 30]
+    assert fc.rel(out, base) > 1e-3
+    assert "6 block runs merged" in fc.summary(caplog)
+
+
+def test_layered_latent_runs_unmerged_with_the_reason(qwen: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    """A 3-frame latent (Qwen-Image-Layered) is no single image grid: it runs unmerged, bit-identical,
+    the reason in the run line."""
+    layered = (1, 16, 3, 16, 16)
+    try:
+        qwen.model.diffusion_model.process_img(torch.zeros(layered))
+    except RuntimeError:
+        pytest.skip("ComfyUI 0.3.64's QwenImageTransformer2DModel.process_img takes one latent frame")
+    caplog.set_level("INFO")
+    baseline = fc.sample(tiny, qwen, layered, *conds, steps=1)
+    out = fc.sample(tiny, fc.patch(toma, qwen, tile_size=4, blocks="all"), layered, *conds, steps=1)
+    assert torch.equal(out, baseline)
+    assert "is not an image" in fc.summary(caplog)
+
+
+def test_rope_axis_and_modulation_checks_refuse_other_layouts(toma: Any) -> None:
+    """The pe token axis is the one axis of T + N + R rows (axis 1 or 2); no axis, or two, is a
+    changed layout; so is a vec batch neither B nor 2B."""
+    qwen_image = fc.pack_module("nodes.families.qwen_image")
+    assert qwen_image.token_axis(torch.zeros(1, 76, 1, 8, 2, 2), 76) == 1
+    assert qwen_image.token_axis(torch.zeros(1, 1, 76, 8, 2, 2), 76) == 2
+    for pe in (torch.zeros(1, 1, 75, 8, 2, 2), torch.zeros(1, 76, 76, 8, 2, 2)):
+        refused = qwen_image.token_axis(pe, 76)
+        assert refused.layout and "pe of shape" in refused.reason
+    args = {"img": torch.zeros(2, 64, 8), "transformer_options": {}}
+    assert qwen_image.timestep_zero(args | {"vec": torch.zeros(2, 8)}, 64) is None
+    assert callable(qwen_image.timestep_zero(args | {"vec": torch.zeros(4, 8)}, 64))
+    assert qwen_image.timestep_zero(args | {"vec": torch.zeros(3, 8)}, 64).layout
