@@ -195,3 +195,25 @@ def test_rope_axis_and_modulation_checks_refuse_other_layouts(toma: Any) -> None
     assert qwen_image.timestep_zero(args | {"vec": torch.zeros(2, 8)}, 64) is None
     assert callable(qwen_image.timestep_zero(args | {"vec": torch.zeros(4, 8)}, 64))
     assert qwen_image.timestep_zero(args | {"vec": torch.zeros(3, 8)}, 64).layout
+
+
+def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A text mask hiding the last 4 of the T text tokens (the `encoder_hidden_states_mask` every
+    block gets from `_forward`) still hides them on merged blocks: every block merges, and changing
+    the hidden tokens leaves the output as it is."""
+    mask = torch.ones((1, TEXT), dtype=torch.long)
+    mask[:, -4:] = 0
+    text = torch.randn((1, TEXT, 32), generator=torch.Generator().manual_seed(1))
+    other = text.clone()
+    other[:, -4:] = torch.randn((1, 4, 32), generator=torch.Generator().manual_seed(9))
+    pos, changed = ([[t, {"attention_mask": mask}]] for t in (text, other))
+    neg = tiny_dits.conditioning("qwen", 2, TEXT)
+    if not torch.equal(fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0), fc.sample(tiny, qwen, LATENT, changed, neg, cfg=1.0)):
+        pytest.skip("ComfyUI 0.3.64's comfy.ldm.qwen_image Attention ignores the text mask")
+    fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg)
+    patched = fc.patch(toma, qwen, tile_size=4, blocks="all")
+    caplog.set_level("INFO")
+    out = fc.sample(tiny, patched, LATENT, pos, neg, cfg=1.0)
+    assert "6 block runs merged" in fc.summary(caplog)
+    assert fc.rel(out, fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0)) > 1e-3
+    torch.testing.assert_close(fc.sample(tiny, patched, LATENT, changed, neg, cfg=1.0), out, rtol=1e-5, atol=1e-6)
