@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import compat_support  # noqa: E402
+import family_checks as fc  # noqa: E402
 from compat_support import FLUX_TEXT as TEXT  # noqa: E402
 from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
 from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
@@ -117,14 +118,93 @@ def test_batch_of_two_equals_two_single_runs(tiny_flux: Any, tiny: Any, toma: An
     assert rel(batch, singles) < bound * effect
 
 
-def test_kontext_reference_tokens_pass_through(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+REFS = 4 * 6
+"""Reference tokens of the Kontext reference latent (1, 16, 8, 12) of `kontext_conditioning`."""
+
+
+def kontext_conditioning(tiny: Any, model: Any, method: str | None = None) -> tuple[list, list]:
+    """(positive with one reference latent, negative without); method: the conditioning's
+    reference_latents_method (comfy.model_base.Flux.extra_conds), None for the model's default."""
     ref = torch.randn((1, 16, 8, 12), generator=torch.Generator().manual_seed(2))
-    pos = tiny.make_conditioning(tiny_flux, 1234, reference_latents=[ref])
-    neg = tiny.make_conditioning(tiny_flux, 1235)
+    pos = tiny.make_conditioning(model, 1234, reference_latents=[ref])
+    if method is not None:
+        pos[0][1]["reference_latents_method"] = method
+    return pos, tiny.make_conditioning(model, 1235)
+
+
+def text_and_references(refs: int) -> Any:
+    """check_passthrough_rows' kept(): the T text rows first, the `refs` reference rows last."""
+
+    def kept(plain_length: int, merged_length: int) -> list[tuple[int, int, int]]:
+        return [(0, 0, TEXT)] + ([(plain_length - refs, merged_length - refs, refs)] if refs else [])
+
+    return kept
+
+
+def test_kontext_reference_tokens_pass_through(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+    pos, neg = kontext_conditioning(tiny, tiny_flux)
     _, out, lengths = zero_then_merged(tiny, toma, tiny_flux, pos, neg, steps=1)
-    refs = 4 * 6
-    assert sorted(set(lengths)) == [TEXT + 32, TEXT + 32 + refs]  # uncond alone, cond with refs
+    assert sorted(set(lengths)) == [TEXT + 32, TEXT + 32 + REFS]  # uncond alone, cond with refs
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("blocks", ["all", "single:0"])
+@pytest.mark.parametrize("method", [None, "offset", "index"])
+def test_text_and_reference_rows_pass_through_exactly(tiny_flux: Any, tiny: Any, toma: Any, method: str | None, blocks: str) -> None:
+    """Text rows (Flux.1: no text position ids) and Kontext reference rows ("offset" and "index"
+    positions) reach the first merged double / single block's attention exactly as unpatched."""
+    if method is None:
+        pos, neg = tiny.make_conditioning(tiny_flux, 1234), tiny.make_conditioning(tiny_flux, 1235)
+    else:
+        pos, neg = kontext_conditioning(tiny, tiny_flux, method)
+    kept = text_and_references(0 if method is None else REFS)
+    fc.check_passthrough_rows(tiny, toma, tiny_flux, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
+
+
+@pytest.fixture(scope="module")
+def global_modulation_flux(tiny: Any) -> Any:
+    """A tiny Flux with Flux.2's global modulation (comfy.ldm.flux.model.FluxParams.global_modulation):
+    the reference method "index_timestep_zero" needs it (a Flux.1 block cannot take the doubled vec,
+    ComfyUI fails there unpatched)."""
+    import dataclasses
+
+    import comfy.ldm.flux.model
+
+    if "global_modulation" not in {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}:
+        pytest.skip("ComfyUI 0.3.64 has no comfy.ldm.flux global modulation nor reference method index_timestep_zero")
+    return tiny.build_flux(seed=0, global_modulation=True)
+
+
+@pytest.mark.parametrize("blocks", ["all", "single:0"])
+def test_timestep_zero_references_keep_their_modulation(global_modulation_flux: Any, tiny: Any, toma: Any, blocks: str) -> None:
+    """Reference method "index_timestep_zero": comfy.ldm.flux.model.Flux modulates the reference
+    tokens with timestep zero through spans over the full token rows. Merged, the reference rows
+    still reach the first merged double / single block's attention exactly as unpatched (their
+    own modulation), and ratio 0 is bit-identical."""
+    model = global_modulation_flux
+    pos, neg = kontext_conditioning(tiny, model, "index_timestep_zero")
+    fc.check_ratio_zero(tiny, toma, model, FLUX_LATENT, pos, neg)
+    fc.check_passthrough_rows(tiny, toma, model, FLUX_LATENT, pos, neg, text_and_references(REFS), 32, blocks=blocks)
+
+
+def test_timestep_zero_spans_toma_cannot_read_run_unmerged(global_modulation_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A replacement put on the keys after ToMA that hands ToMA its own original_block hides
+    ComfyUI's modulation spans: every block of the call with timestep-zero references runs
+    unmerged, counted with the reason, and the output equals the unpatched model's."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    model = global_modulation_flux
+    pos, neg = kontext_conditioning(tiny, model, "index_timestep_zero")
+    patched = patch(toma, model, blocks="all")
+    dit = patched.model_options["transformer_options"]["patches_replace"]["dit"]
+    for (group, index), toma_block in list(dit.items()):
+        patched.set_model_patch_replace(
+            lambda args, extra, inner=toma_block: inner(args, {"original_block": lambda a: extra["original_block"](a)}),
+            "dit", group, index,
+        )
+    plain = tiny.sample(model, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
+    assert torch.equal(tiny.sample(patched, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0), plain)
+    line = run_lines(caplog)[-1]
+    assert "0 block runs merged" in line and "8 block runs per-span modulation" in line, line
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 18, 26), (1, 16, 17, 23), (1, 16, 2, 30), (1, 16, 10, 10)])
@@ -299,11 +379,12 @@ def test_foreign_replacement_stays_outermost(tiny_flux: Any, tiny: Any, toma: An
 
 
 def test_hooks_called_without_transformer_options(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Caching packs call block replacements without transformer_options: use the fallback."""
+    """Caching packs call block replacements from their own forward loop, without the model call's
+    transformer_options (ComfyUI 0.33's Flux blocks need a dict there: an empty one): use the fallback."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
 
     def strip(args: dict, extra: dict) -> dict:
-        return extra["original_block"]({k: v for k, v in args.items() if k != "transformer_options"})
+        return extra["original_block"](dict(args, transformer_options={}))
 
     other = tiny_flux.clone()
     for i in range(2):
