@@ -92,6 +92,26 @@ def build_hunyuan(seed: int = 0, **overrides: Any) -> Any:
     return build(comfy.supported_models.HunyuanVideo, hunyuan_config(**overrides), seed)
 
 
+def hunyuan15_config(**overrides: Any) -> dict[str, Any]:
+    """HunyuanVideo 1.5 (comfy.model_detection's cond_type_embedding / vision_in branch) at the width of
+    `hunyuan_config`: 32 latent channels in, the concat image (32) and mask (1) beside them, no pooled
+    vector or guidance embedding, byT5 glyph tokens, vision tokens of width 16 (SigLIP's 1152 in the
+    real model), the cond-type embedding."""
+    return hunyuan_config(
+        in_channels=65, out_channels=32, vec_in_dim=None, guidance_embed=False, byt5=True,
+        use_cond_type_embedding=True, vision_in_dim=16, meanflow_sum=True,
+    ) | overrides
+
+
+def build_hunyuan15(seed: int = 0, **overrides: Any) -> Any:
+    """A tiny HunyuanVideo 1.5 (``comfy.supported_models.HunyuanVideo15``, the HunyuanVideo class);
+    None on a ComfyUI without that class (0.3.64)."""
+    import comfy.supported_models
+
+    config_cls = getattr(comfy.supported_models, "HunyuanVideo15", None)
+    return None if config_cls is None else build(config_cls, hunyuan15_config(**overrides), seed)
+
+
 def build_hidream(seed: int = 0, **overrides: Any) -> Any:
     import comfy.supported_models
 
