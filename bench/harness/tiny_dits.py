@@ -1,5 +1,5 @@
 """Tiny, randomly initialised DiTs of the families beyond Flux, SDXL and Wan (SD3, Qwen-Image,
-Lumina2, HunyuanVideo, HiDream), built from ComfyUI's own ``comfy.supported_models`` classes and
+Lumina2, Z-Image, HunyuanVideo, HiDream), built from ComfyUI's own ``comfy.supported_models`` classes and
 their unet configs at toy width and depth, with conditioning shaped for each. Weights are filled by ``tiny_models.init_weights``.
 
 Import only once ComfyUI is importable (the ``tiny`` fixture makes sure).
@@ -40,6 +40,17 @@ def lumina_config(**overrides: Any) -> dict[str, Any]:
         "n_refiner_layers": 1, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 16, "ffn_dim_multiplier": None,
         "norm_eps": 1e-5, "qk_norm": True, "cap_feat_dim": 32, "axes_dims": [4, 6, 6], "axes_lens": [300, 64, 64],
     } | overrides
+
+
+def zimage_config(**overrides: Any) -> dict[str, Any]:
+    """Z-Image NextDiT (comfy.model_detection's dim-3840 branch at toy width): dim 256, the least
+    width whose adaLN input takes z_image_modulation's 256-wide timestep embedding; 3 layers, 4
+    heads of 64 (rope axes 16/24/24, theta 256), caption and image padded with pad tokens to a
+    multiple of 32. siglip_feat_dim (e.g. 24) adds the omni SigLIP embedder, refiner and pad token."""
+    return lumina_config(
+        dim=256, n_heads=4, n_kv_heads=4, axes_dims=[16, 24, 24], axes_lens=[1536, 512, 512], rope_theta=256.0,
+        ffn_dim_multiplier=8.0 / 3.0, z_image_modulation=True, time_scale=1000.0, pad_tokens_multiple=32,
+    ) | overrides
 
 
 def hunyuan_config(**overrides: Any) -> dict[str, Any]:
@@ -84,6 +95,15 @@ def build_lumina(seed: int = 0, **overrides: Any) -> Any:
     import comfy.supported_models
 
     return build(comfy.supported_models.Lumina2, lumina_config(**overrides), seed)
+
+
+def build_zimage(seed: int = 0, **overrides: Any) -> Any:
+    """A tiny Z-Image (``comfy.supported_models.ZImage``, a ``comfy.model_base.Lumina2``); None on a
+    ComfyUI without that class (0.3.64)."""
+    import comfy.supported_models
+
+    config_cls = getattr(comfy.supported_models, "ZImage", None)
+    return None if config_cls is None else build(config_cls, zimage_config(**overrides), seed)
 
 
 def build_hunyuan(seed: int = 0, **overrides: Any) -> Any:
