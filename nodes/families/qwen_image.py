@@ -14,8 +14,9 @@ Edit: reference-image tokens (`reference_latents`, R tokens after the image) pas
 unmerged with their pe rows. With CFG and a reference on the positive only, cond and uncond run
 as separate calls of different length; geometry (and the plan) is per call. The latent
 is 5-D (B, 16, F, H, W); the grid is ceil(H / 2) x ceil(W / 2). A latent of F > 1 frames (the
-layered latents `QwenImageTransformer2DModel.process_img` takes) is not one image grid: such a
-call runs unmerged with the reason (machinery/geometry.image_grid).
+layers of a layered latent, which `QwenImageTransformer2DModel.process_img` flattens t-major:
+frame, row, column) merges each frame on its own: spatial tiles inside one frame, never a token
+of one layer with another's (`toma_core.video.Segment` with tile_frames 1).
 
 Reference method `index_timestep_zero` (Qwen-Image-Edit 2511's `default_ref_method`, or the
 conditioning's `reference_latents_method`): vec holds 2B rows, the call's timestep then timestep 0,
@@ -28,12 +29,15 @@ for the merged run only: the references keep their own modulation, exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ...toma_core import MergePlan
-from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
+from ...toma_core.video import Segment
+from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter
@@ -49,7 +53,19 @@ ZERO_INDEX = "toma_timestep_zero_index"
 block's caller splits the modulation at and the one the merged tokens need (see make_forward)."""
 
 
-def apply(model, settings: ToMASettings) -> DitAdapter:
+@dataclasses.dataclass(frozen=True)
+class QwenImageAdapter(DitAdapter):
+    """DitAdapter that also reads the frames of a multi-frame (layered) latent."""
+
+    def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> CallGeometry:
+        """Grid of one frame of x (B, C, F, H, W) and its F frames, T of context, reference tokens."""
+        if x.ndim != 5 or x.shape[2] == 1:
+            return super().call_geometry(x, context, kwargs)
+        geometry = super().call_geometry(x[:, :, :1], context, kwargs)
+        return geometry if geometry.reason else dataclasses.replace(geometry, frames=x.shape[2])
+
+
+def apply(model, settings: ToMASettings) -> QwenImageAdapter:
     """Hook the selected blocks of a ModelPatcher clone of a Qwen-Image model: their replace keys
     merge, their forwards move the timestep-zero index of a merged run."""
     require_block_scope(settings, "Qwen-Image")
@@ -59,7 +75,7 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
     install_dit_hooks(model, sizes, blocks, {"double": merged_block})
     paths = {f"transformer_blocks.{i}": blocks.selects("double", i) for i in range(sizes["double"])}
     install_forward_patches(model, paths, lambda path, foreign: make_forward(dm.get_submodule(path), foreign))
-    return DitAdapter("qwen_image", blocks.describe(), blocks.count, int(dm.patch_size))
+    return QwenImageAdapter("qwen_image", blocks.describe(), blocks.count, int(dm.patch_size))
 
 
 def token_axis(pe: torch.Tensor, length: int) -> int | Unmerged:
@@ -84,8 +100,8 @@ def timestep_zero(args: dict, n: int) -> Callable[[MergePlan], dict] | None | Un
 
 
 def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
-    """Block: img [image (N); references (R)] merged to (B, D+R, C); pe rows gathered at T on the
-    axis that has T + N + R rows."""
+    """Block: img [image (N); references (R)] merged to (B, D+R, C), each frame of a multi-frame
+    image on its own; pe rows gathered at T on the axis that has T + N + R rows."""
     g, img, text_len = ctx.geometry, args["img"], args["txt"].shape[1]
     if img.shape[1] != g.tokens + g.extra_tokens:
         return TOKENS_DIFFER
@@ -96,7 +112,8 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     zero = timestep_zero(args, g.tokens)
     if isinstance(zero, Unmerged):
         return zero
-    return ImageSpan(0, (Rows("pe", axis, text_len),), length, more=zero)
+    frames = (Segment(g.frames),) if g.frames > 1 else None
+    return ImageSpan(0, (Rows("pe", axis, text_len),), length, segments=frames, more=zero)
 
 
 merged_block = merged_dit_block(SLOT, image_span)

@@ -167,19 +167,48 @@ def test_timestep_zero_references_keep_their_modulation(qwen: Any, tiny: Any, to
     assert "6 block runs merged" in fc.summary(caplog)
 
 
-def test_layered_latent_runs_unmerged_with_the_reason(qwen: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
-    """A 3-frame latent (Qwen-Image-Layered) is no single image grid: it runs unmerged, bit-identical,
-    the reason in the run line."""
-    layered = (1, 16, 3, 16, 16)
+LAYERED = (1, 16, 3, 16, 16)
+"""A 3-frame latent (Qwen-Image-Layered's layers): 3 frames of 8 x 8 tokens, t-major."""
+
+
+def require_frames(qwen: Any) -> None:
     try:
-        qwen.model.diffusion_model.process_img(torch.zeros(layered))
+        qwen.model.diffusion_model.process_img(torch.zeros(LAYERED))
     except RuntimeError:
         pytest.skip("ComfyUI 0.3.64's QwenImageTransformer2DModel.process_img takes one latent frame")
-    caplog.set_level("INFO")
-    baseline = fc.sample(tiny, qwen, layered, *conds, steps=1)
-    out = fc.sample(tiny, fc.patch(toma, qwen, tile_size=4, blocks="all"), layered, *conds, steps=1)
-    assert torch.equal(out, baseline)
-    assert "is not an image" in fc.summary(caplog)
+
+
+def test_layered_latent_merges_each_frame_alone(qwen: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    """A 3-frame latent: ratio 0 stays exact; text rows pass through, 3 x 32 image rows merge away,
+    and block 1 sees 32 merged tokens per frame, each with a rope row of its own frame."""
+    require_frames(qwen)
+    fc.check_ratio_zero(tiny, toma, qwen, LAYERED, *conds)
+    fc.check_passthrough_rows(tiny, toma, qwen, LAYERED, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=96)
+    merged = rope_rows_of_block_one(tiny, fc.patch(toma, qwen, blocks="all", tile_size=4), LAYERED, conds)
+    full = rope_rows_of_block_one(tiny, qwen, LAYERED, conds)
+    assert len(merged) == TEXT + 96 and len(full) == TEXT + 192
+    for frame in range(3):
+        own = set(full[TEXT + 64 * frame:TEXT + 64 * (frame + 1)])
+        assert set(merged[TEXT + 32 * frame:TEXT + 32 * (frame + 1)]) <= own
+
+
+def rope_rows_of_block_one(tiny: Any, model: Any, latent: tuple[int, ...], conds: tuple) -> list[tuple]:
+    """The rope rows block 1 receives in a 1-step run (sample 0, one tuple per token; tokens on the
+    table's longest axis)."""
+    seen: list = []
+    block = model.model.diffusion_model.transformer_blocks[1]
+    spied = model.clone()
+    run = spied.object_patches.get("diffusion_model.transformer_blocks.1.forward") or (lambda **kw: type(block).forward(block, **kw))
+
+    def forward(**kwargs: Any) -> Any:
+        seen.append(kwargs["image_rotary_emb"])
+        return run(**kwargs)
+
+    spied.add_object_patch("diffusion_model.transformer_blocks.1.forward", forward)
+    fc.sample(tiny, spied, latent, *conds, steps=1)
+    pe = seen[0]
+    axis = max(range(1, pe.ndim), key=lambda a: pe.shape[a])
+    return [tuple(r.flatten().tolist()) for r in pe.movedim(axis, 1)[0]]
 
 
 def test_rope_axis_and_modulation_checks_refuse_other_layouts(toma: Any) -> None:
