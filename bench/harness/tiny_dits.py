@@ -106,6 +106,20 @@ def build_zimage(seed: int = 0, **overrides: Any) -> Any:
     return None if config_cls is None else build(config_cls, zimage_config(**overrides), seed)
 
 
+def build_zimage_pixel(seed: int = 0) -> Any:
+    """A tiny pixel-space Z-Image (``comfy.supported_models.ZImagePixelSpace``, a
+    ``comfy.model_base.ZImagePixelSpace`` around ``NextDiTPixelSpace``): RGB in 4 x 4 patches, a
+    32-wide decoder of one residual block; None on a ComfyUI without that class."""
+    import comfy.supported_models
+
+    config_cls = getattr(comfy.supported_models, "ZImagePixelSpace", None)
+    config = zimage_config(
+        image_model="zimage_pixel", patch_size=4, in_channels=3, decoder_in_channels=48, decoder_hidden_size=32,
+        decoder_num_res_blocks=1, decoder_max_freqs=4,
+    )
+    return None if config_cls is None else build(config_cls, config, seed)
+
+
 def build_hunyuan(seed: int = 0, **overrides: Any) -> Any:
     import comfy.supported_models
 

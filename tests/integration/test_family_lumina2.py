@@ -247,6 +247,25 @@ def test_zimage_omni_merges_only_the_image(zimage_omni: Any, tiny: Any, toma: An
     assert "6 block runs merged" in line and "unmerged: none" in line
 
 
+@pytest.fixture(scope="module")
+def zimage_pixel(tiny: Any) -> Any:
+    model = tiny_dits.build_zimage_pixel(seed=2)
+    if model is None:
+        pytest.skip("this ComfyUI has no comfy.supported_models.ZImagePixelSpace (pixel-space Z-Image came after ComfyUI 0.3.64)")
+    return model
+
+
+def test_zimage_pixel_space_merges_only_the_image(zimage_pixel: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    """NextDiTPixelSpace (a NextDiT: the Lumina2 adapter) on a 48 x 48 RGB image in 4 x 4 patches
+    (the 12 x 12 grid of ZLATENT): exact at ratio 0, caption and pad rows pass through, every layer merges."""
+    latent = (1, 3, 48, 48)
+    fc.check_ratio_zero(tiny, toma, zimage_pixel, latent, *conds)
+    fc.check_passthrough_rows(tiny, toma, zimage_pixel, latent, *conds, kept=zimage_rows(padded(TEXT), 16), merged_tokens=72)
+    caplog.set_level("INFO")
+    fc.merged_lengths(tiny, toma, zimage_pixel, latent, *conds)
+    assert "3 block runs merged" in fc.summary(caplog)
+
+
 def lumina2_module(toma: Any) -> Any:
     return pack_module("nodes.families.lumina2")
 
