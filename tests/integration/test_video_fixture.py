@@ -148,7 +148,7 @@ def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos:
     from bench.harness import tiny_models
     from bench.quality import train_video_fixture as tvf
 
-    model = tv.build_model()
+    model = tvf.trainable(tv.build_model())
     tiny_models.init_weights(model.diffusion_model, 1)
     gen = torch.Generator().manual_seed(1)
     x0 = tv.to_model_space(tv.random_clips(photos, 1, gen))
