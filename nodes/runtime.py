@@ -8,11 +8,11 @@ Lifetimes:
   empty holder, so `ModelPatcher.clone()` never copies plans or counters into another clone.
 - `CallContext` lives for one model call. The APPLY_MODEL wrapper builds it eagerly (step, merge
   on/off, epoch, token grid, text length, batch composition) and puts it at
-  transformer_options[CALL_KEY] and on this thread's fallback stack (a ContextVar) for the
+  transformer_options[CALL_KEY] and on this thread's call stack (a ContextVar) for the
   duration of the call. APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles
   `diffusion_model` (DIFFUSION_MODEL wrappers included) and installs it from an APPLY_MODEL
   wrapper, so decisions made here stay eager and the blocks see only a ready context.
-- The fallback stack and the run's orphan counter are ContextVars set by the wrappers and reset
+- The call stack and the run's orphan counter are ContextVars set by the wrappers and reset
   in their `finally` (also on an interrupt or an error): nothing outlives a call or a run, and
   samplers in other threads never see them. `live_state` reports what is open now.
 
@@ -187,9 +187,9 @@ class CallContext:
 
 
 _CALLS: ContextVar[tuple[CallContext, ...]] = ContextVar("comfyui_toma_calls", default=())
-"""Contexts of the model calls in progress in this thread or task (innermost last): the fallback for
-block hooks called without transformer_options (TeaCache/MagCache-style forward loops). A
-ContextVar, so two samplers in two threads never see each other's calls."""
+"""Contexts of the model calls in progress in this thread or task (innermost last): where block hooks
+find their call first (find_call), also when a forward loop calls them without transformer_options
+(TeaCache/MagCache-style). A ContextVar, so two samplers in two threads never see each other's calls."""
 
 _RUN_ORPHANS: ContextVar[Counter | None] = ContextVar("comfyui_toma_run_orphans", default=None)
 """The running sampling run's count of block runs that found no CallContext, by reason."""
@@ -200,14 +200,23 @@ _OPEN_LOCK = threading.Lock()
 
 
 def find_call(args: dict, extra: dict | None = None) -> CallContext | None:
-    """The CallContext of the running model call: from args["transformer_options"], then
-    extra["transformer_options"], then this thread's fallback stack; None when there is none."""
+    """The CallContext of the running model call: the innermost call on this thread's stack, else
+    args["transformer_options"], then extra["transformer_options"] (a block run in another thread
+    than its call); None when there is none.
+
+    The stack comes first because torch.compile guards what the compiled blocks read from it, and
+    not what they read from transformer_options under ComfyUI 0.33's TorchCompileModel, whose
+    `guard_filter_fn` (comfy_extras/nodes_torch_compile.py `skip_torch_compile_dict`) drops every
+    guard on transformer_options: a context read from there would freeze the first call's merge
+    decision into the compiled graph for the whole window."""
+    calls = _CALLS.get()
+    if calls:
+        return calls[-1]
     for source in (args, extra or {}):
         options = source.get("transformer_options")
         if isinstance(options, dict) and isinstance(options.get(CALL_KEY), CallContext):
             return options[CALL_KEY]
-    calls = _CALLS.get()
-    return calls[-1] if calls else None
+    return None
 
 
 def note_orphan(reason: str) -> None:
@@ -244,7 +253,7 @@ def leave_run(token: Token) -> int:
 
 
 def enter_call(ctx: CallContext) -> Token:
-    """Make `ctx` this thread's fallback context for its model call; pass the token to leave_call."""
+    """Make `ctx` the innermost context of this thread for its model call; pass the token to leave_call."""
     _opened("calls", 1)
     return _CALLS.set((*_CALLS.get(), ctx))
 
@@ -265,7 +274,7 @@ def live_state() -> dict[str, int]:
 
     runs / calls: sampling runs and model calls inside ToMA's wrappers, in every thread (readable
     from any thread, e.g. a server route). thread_runs / thread_calls: the same for the caller's
-    own thread or context (its orphan counter, 0 or 1, and its fallback stack depth).
+    own thread or context (its orphan counter, 0 or 1, and its call stack depth).
     """
     with _OPEN_LOCK:
         runs, calls = _OPEN["runs"], _OPEN["calls"]

@@ -99,17 +99,20 @@ def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCap
     exactly the merged/unmerged pair of the unpatched graph count is compiled, with no graph
     break; a second run compiles nothing new. A recompile per step (a block reading the step,
     epoch or the run's plan cache) would add a graph in the first run (several merged epochs), one
-    per run (uuids, a fresh RunState) in the second. Plans are still counted (by the eager
-    wrapper after each call), the same as in an eager run."""
+    per run (uuids, a fresh RunState) in the second. Both compiled runs equal the eager run: the
+    window is followed (ComfyUI 0.33's TorchCompileModel drops Dynamo's guards on
+    transformer_options, so a merge decision read from there would freeze the first call's into the
+    graph). Plans are still counted (by the eager wrapper after each call), the same as in an eager run."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     windowed = toma.patch(model, end=0.5, **settings)
-    _, graphs, breaks = compiled_runs(windowed, tiny, runs=2, latent=latent, steps=WINDOW_STEPS)
+    outputs, graphs, breaks = compiled_runs(windowed, tiny, runs=2, latent=latent, steps=WINDOW_STEPS)
     compiled_line = run_lines(caplog)[-1]
     assert breaks == 0
     assert graphs == [2 * plain, 0], compiled_line
     assert 2 <= count(rf"merged (\d+)/{WINDOW_STEPS} steps", compiled_line) < WINDOW_STEPS
-    tiny.sample(windowed, latent, steps=WINDOW_STEPS)
+    eager = tiny.sample(windowed, latent, steps=WINDOW_STEPS)
     eager_line = run_lines(caplog)[-1]
+    assert all(rel(out, eager) < 1e-5 for out in outputs), "the compiled runs follow the window as the eager run does"
     assert "torch.compile" not in eager_line
     assert plans_built(compiled_line) == plans_built(eager_line) >= 2
     assert "tokens (" in compiled_line and compiled_line.split(" | ")[0] == eager_line.split(" | ")[0]
@@ -144,3 +147,14 @@ def test_compiled_plan_reuse_adds_one_graph(tiny_flux: Any, tiny: Any, toma: Tom
     _, graphs, breaks = compiled_runs(windowed, tiny, runs=2, steps=WINDOW_STEPS, sampler_name="heun")
     assert breaks == 0
     assert graphs == [3, 0]
+
+
+def test_compiled_merge_every_follows_eager(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma) -> None:
+    """merge_every 2 (merged, unmerged, merged, ... steps): the compiled runs equal the eager run,
+    which differs from merging every step."""
+    every_other = toma.patch(with_sdpa(tiny_flux), every=2)
+    outputs, _, breaks = compiled_runs(every_other, tiny, runs=2, steps=WINDOW_STEPS)
+    eager = tiny.sample(every_other, FLUX_LATENT, steps=WINDOW_STEPS)
+    assert breaks == 0
+    assert all(rel(out, eager) < 1e-5 for out in outputs)
+    assert rel(eager, tiny.sample(toma.patch(with_sdpa(tiny_flux)), FLUX_LATENT, steps=WINDOW_STEPS)) > 1e-4
