@@ -1,6 +1,7 @@
 """Where the compat tests look for the real third-party packs, in both places this pack lives: a
 clone beside ../shared/, and ComfyUI/custom_nodes/ComfyUI-ToMA; TOMA_THIRD_PARTY overrides both.
-The skip (or failure) reason names the folder that was looked in."""
+The skip (or failure) reason names the folder that was looked in; the KJNodes snapshot follows the
+ComfyUI version."""
 
 from __future__ import annotations
 
@@ -51,3 +52,10 @@ def test_missing_pack_names_the_folder_looked_in(tmp_path: Path, monkeypatch: py
     message = str(caught.value)
     assert f"{third_party.GGUF} not found in {folder}" in message and "TOMA_THIRD_PARTY" in message
     assert "shared" not in message
+
+
+def test_kjnodes_snapshot_follows_the_comfyui_version() -> None:
+    assert third_party.kjnodes("0.3.64") == third_party.KJNODES
+    assert third_party.kjnodes("0.33.0") == third_party.KJNODES_2026
+    assert third_party.kjnodes("1.2.0") == third_party.KJNODES_2026
+    assert third_party.kjnodes("unknown") == third_party.KJNODES_2026

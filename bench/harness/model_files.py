@@ -74,7 +74,10 @@ def flux_module(dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> torch.
     import comfy.ldm.flux.model
     import comfy.ops
 
-    module = comfy.ldm.flux.model.Flux(dtype=dtype, operations=comfy.ops.disable_weight_init, **(FLUX_UNET_CONFIG | overrides))
+    from .tiny_models import tree_config
+
+    config = tree_config(FLUX_UNET_CONFIG | overrides)  # the keys this tree's FluxParams requires
+    module = comfy.ldm.flux.model.Flux(dtype=dtype, operations=comfy.ops.disable_weight_init, **config)
     _filled(module, seed=0)
     return module
 

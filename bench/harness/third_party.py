@@ -30,6 +30,8 @@ MAGCACHE = "ComfyUI-MagCache"
 WAVESPEED = "Comfy-WaveSpeed"
 GGUF = "ComfyUI-GGUF"
 KJNODES = "ComfyUI-KJNodes"
+KJNODES_2026 = "ComfyUI-KJNodes-2026-08"
+"""KJNodes as current with ComfyUI 0.33 (``KJNODES``: as current with 0.3.64)."""
 PULID_LL = "ComfyUI_PuLID_Flux_ll"
 
 
@@ -71,3 +73,13 @@ def pack_module(name: str, module: str) -> types.ModuleType:
         stub.__path__ = [str(folder)]
         sys.modules[package] = stub
     return importlib.import_module(f"{package}.{module}")
+
+
+def kjnodes(comfy_version: str) -> str:
+    """The KJNodes snapshot a user of ComfyUI `comfy_version` (``comfyui_version.py``) runs:
+    ``KJNODES_2026`` from 0.33 on (and for an unreadable version), ``KJNODES`` before."""
+    try:
+        major_minor = tuple(int(part) for part in comfy_version.split(".")[:2])
+    except ValueError:
+        return KJNODES_2026
+    return KJNODES_2026 if major_minor >= (0, 33) else KJNODES

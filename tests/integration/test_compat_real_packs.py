@@ -13,15 +13,21 @@ own effect is visible: skipped steps, cache hits, a compiled graph, a quantized 
   measured here against ToMA with block 0 left unmerged.
 - ComfyUI-GGUF: a full-width 1 double + 1 single block Flux quantized to Q8_0 with the ``gguf``
   package, loaded by the pack's ``UnetLoaderGGUF`` (its GGML ops dequantize on the fly).
-- KJNodes: ``TorchCompileModelFluxAdvanced`` (per-block ``torch.compile`` object patches) and
-  ``...V2`` (ComfyUI's compile wrapper), with a counting Dynamo backend instead of inductor
-  (compiling with inductor takes minutes on CPU; the graphs Dynamo hands over are the same).
+- KJNodes: ``TorchCompileModelFluxAdvanced`` (per-block ``torch.compile`` object patches),
+  ``...V2`` (ComfyUI's compile wrapper) and, in the 2026-08 snapshot, ``TorchCompileModelAdvanced``,
+  with a counting Dynamo backend instead of inductor (compiling with inductor takes minutes on
+  CPU; the graphs Dynamo hands over are the same).
 
 - PuLID-Flux-ll: its ``ApplyPulidFlux`` node, block replacements, forward loop and wrappers run for
   real on a tiny Flux with its 19 double + 38 single blocks; only the face pipeline is stubbed
   (insightface, OpenCV, facexlib, EVA-CLIP and the ID encoder: not installed here, and their
   models may not be downloaded), with the pack's own ``PerceiverAttentionCA`` sized for the tiny
   model. Placed after ToMA it fails in its own code (recorded as an expected failure).
+
+The KJNodes snapshot follows the ComfyUI tree (``third_party.kjnodes``: the 2026-08 one from 0.33
+on). The other packs have no snapshot newer than the one each tree is tested with; where one no
+longer imports or runs on the tree under test, ``BREAKS`` names the pack and the error it raises,
+and the test is an expected failure saying so; any other error still fails the test.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +43,41 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bench.harness import third_party as tp  # noqa: E402
+from bench.harness import comfy_env, third_party as tp  # noqa: E402
 from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, merged_block_runs, rel, run_lines  # noqa: E402
 from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 FLUX_BLOCKS = 4
 """Tiny Flux: 2 double + 2 single blocks (all selected here)."""
 STEPS = 6
+
+
+BREAKS: dict[str, tuple[type[Exception], str]] = {
+    tp.TEACACHE: (ImportError, "cannot import name 'precompute_freqs_cis' from 'comfy.ldm.lightricks.model'"),
+    tp.MAGCACHE: (ImportError, "cannot import name 'precompute_freqs_cis' from 'comfy.ldm.lightricks.model'"),
+    tp.WAVESPEED: (TypeError, "forward_orig() got an unexpected keyword argument 'timestep_zero_index'"),
+    tp.PULID_LL: (TypeError, "pulid_outer_sample_wrappers_with_override() got an unexpected keyword argument 'latent_shapes'"),
+}
+"""Pack -> the error its snapshot raises on a ComfyUI newer than the pack: TeaCache's and MagCache's
+``nodes.py`` import ``precompute_freqs_cis``, which ComfyUI 0.33's ``comfy.ldm.lightricks.model``
+no longer has (the packs do not load at all); 0.33's ``comfy.ldm.flux.model.Flux._forward`` passes
+``timestep_zero_index`` to the ``forward_orig`` that WaveSpeed's first-block cache replaces, and
+0.33's sampler passes ``latent_shapes`` to PuLID-ll's outer sample wrapper."""
+
+
+@contextmanager
+def pack_code(pack: str) -> Iterator[None]:
+    """Run a test's use of `pack`; its ``BREAKS`` error makes the test an expected failure naming
+    the pack, its snapshot folder, the ComfyUI version and the error. Anything else propagates."""
+    error, text = BREAKS.get(pack, (None, ""))
+    try:
+        yield
+    except Exception as exc:
+        if error is None or not isinstance(exc, error) or text not in str(exc):
+            raise
+        root = comfy_env.find_comfy_root()
+        version = comfy_env.comfy_version(root) if root else "unknown"
+        pytest.xfail(f"{pack} ({tp.pack_dir(pack)}) does not run on ComfyUI {version}: {type(exc).__name__}: {exc}")
 
 
 @pytest.fixture()
@@ -79,16 +114,17 @@ def magcache(model: Any, thresh: float = 0.3) -> Any:
 @pytest.mark.parametrize("order", ["pack_first", "toma_first"])
 @pytest.mark.parametrize("cache", ["TeaCache", "MagCache"])
 def test_step_cache_pack(cache: str, order: str, tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
-    pack = {"TeaCache": teacache, "MagCache": magcache}[cache]
-    model = in_both_orders(pack, toma, tiny_flux)[order]
-    out = tiny.sample(model, FLUX_LATENT, steps=STEPS)
-    line = run_lines(logs)[-1]
-    ran = computed_steps(line)
-    assert 0 < ran < STEPS and ran == int(ran), line  # ToMA merged every block of the steps that ran
-    assert f"merged {ran:.0f}/{STEPS} steps" in line, line
-    assert f"{STEPS - ran:.0f} calls with no block run" in line, line  # the steps the cache skipped
-    assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # the cache acted
-    assert rel(out, tiny.sample(pack(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # ToMA acted
+    with pack_code({"TeaCache": tp.TEACACHE, "MagCache": tp.MAGCACHE}[cache]):
+        pack = {"TeaCache": teacache, "MagCache": magcache}[cache]
+        model = in_both_orders(pack, toma, tiny_flux)[order]
+        out = tiny.sample(model, FLUX_LATENT, steps=STEPS)
+        line = run_lines(logs)[-1]
+        ran = computed_steps(line)
+        assert 0 < ran < STEPS and ran == int(ran), line  # ToMA merged every block of the steps that ran
+        assert f"merged {ran:.0f}/{STEPS} steps" in line, line
+        assert f"{STEPS - ran:.0f} calls with no block run" in line, line  # the steps the cache skipped
+        assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # the cache acted
+        assert rel(out, tiny.sample(pack(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # ToMA acted
 
 
 def wan_cache(cache: str) -> Any:
@@ -107,15 +143,16 @@ def test_step_cache_pack_on_wan(cache: str, order: str, tiny: Any, toma: Toma, l
     not in its args: ToMA still merges every block of the steps that ran."""
     from bench.harness import tiny_wan
 
-    model = tiny_wan.build_wan("t2v")
-    latent = (1, 16, 3, 8, 8)
-    cond = tiny_wan.conditioning(model, 1, latent)
-    steps, blocks = 6, 3
-    tiny.sample(in_both_orders(wan_cache(cache), toma, model)[order], latent, steps=steps, positive=cond, negative=cond, cfg=1.0)
-    line = run_lines(logs)[-1]
-    ran = merged_block_runs(line) / blocks
-    assert 0 < ran <= steps and ran == int(ran), line
-    assert f"merged {ran:.0f}/{steps} steps" in line, line
+    with pack_code({"TeaCache": tp.TEACACHE, "MagCache": tp.MAGCACHE}[cache]):
+        model = tiny_wan.build_wan("t2v")
+        latent = (1, 16, 3, 8, 8)
+        cond = tiny_wan.conditioning(model, 1, latent)
+        steps, blocks = 6, 3
+        tiny.sample(in_both_orders(wan_cache(cache), toma, model)[order], latent, steps=steps, positive=cond, negative=cond, cfg=1.0)
+        line = run_lines(logs)[-1]
+        ran = merged_block_runs(line) / blocks
+        assert 0 < ran <= steps and ran == int(ran), line
+        assert f"merged {ran:.0f}/{steps} steps" in line, line
 
 
 # --- WaveSpeed first-block cache -------------------------------------------------------------
@@ -158,45 +195,57 @@ unmerged (0.5: 4/4/4, 1.2: 5/5/5); the fewer hits seen on a full-width Flux do n
 
 @pytest.mark.parametrize("order", ["pack_first", "toma_first"])
 def test_wavespeed_first_block_cache(order: str, fbcache: tuple, tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
-    apply, counter = fbcache
-    alone = tiny.sample(apply(tiny_flux), FLUX_LATENT, steps=STEPS)
-    alone_hits = counter.hits
-    counter.decisions.clear()
-    out = tiny.sample(in_both_orders(apply, toma, tiny_flux)[order], FLUX_LATENT, steps=STEPS)
-    hits, line = counter.hits, run_lines(logs)[-1]
-    log_hits = {"alone": alone_hits, "toma": hits}
-    counter.decisions.clear()
-    tiny.sample(in_both_orders(apply, toma, tiny_flux, blocks="double:1,single:0-1")[order], FLUX_LATENT, steps=STEPS)
-    log_hits["toma, block 0 unmerged"] = counter.hits
-    logging.getLogger(__name__).info("FBCache hits of %d steps: %s", STEPS, log_hits)
+    with pack_code(tp.WAVESPEED):
+        apply, counter = fbcache
+        alone = tiny.sample(apply(tiny_flux), FLUX_LATENT, steps=STEPS)
+        alone_hits = counter.hits
+        counter.decisions.clear()
+        out = tiny.sample(in_both_orders(apply, toma, tiny_flux)[order], FLUX_LATENT, steps=STEPS)
+        hits, line = counter.hits, run_lines(logs)[-1]
+        log_hits = {"alone": alone_hits, "toma": hits}
+        counter.decisions.clear()
+        tiny.sample(in_both_orders(apply, toma, tiny_flux, blocks="double:1,single:0-1")[order], FLUX_LATENT, steps=STEPS)
+        log_hits["toma, block 0 unmerged"] = counter.hits
+        logging.getLogger(__name__).info("FBCache hits of %d steps: %s", STEPS, log_hits)
 
-    assert 0 < alone_hits < STEPS and 0 < hits < STEPS, log_hits  # the cache hits with ToMA too
-    # a hit runs block 0 only (through ToMA's hook, merged); a miss runs every block
-    assert merged_block_runs(line) == FLUX_BLOCKS * (STEPS - hits) + hits, line
-    assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # the cache acted
-    assert rel(out, alone) > 1e-3  # ToMA acted
+        assert 0 < alone_hits < STEPS and 0 < hits < STEPS, log_hits  # the cache hits with ToMA too
+        # a hit runs block 0 only (through ToMA's hook, merged); a miss runs every block
+        assert merged_block_runs(line) == FLUX_BLOCKS * (STEPS - hits) + hits, line
+        assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # the cache acted
+        assert rel(out, alone) > 1e-3  # ToMA acted
 
 
 # --- KJNodes' compile nodes ------------------------------------------------------------------
 
 
-def kjnodes_compile(version: str, model: Any, backend: CountingBackend) -> Any:
-    nodes = tp.pack_module(tp.KJNODES, "nodes.model_optimization_nodes")
-    if version == "V2":
+KJ_COMPILE_NODES = ("TorchCompileModelFluxAdvanced", "TorchCompileModelFluxAdvancedV2", "TorchCompileModelAdvanced")
+"""KJNodes' compile nodes for Flux blocks: V1 (object patches made at node time; in the 2026-08
+snapshot a deprecation stub), V2 (ComfyUI's compile wrapper at sample time), and the 2026-08
+snapshot's TorchCompileModelAdvanced (its own APPLY_MODEL wrapper swapping in the compiled blocks)."""
+
+
+def kjnodes_compile(node: str, model: Any, backend: CountingBackend, comfy: Path) -> Any:
+    pack = tp.kjnodes(comfy_env.comfy_version(comfy))
+    nodes = tp.pack_module(pack, "nodes.model_optimization_nodes")
+    if not hasattr(nodes, node):
+        pytest.skip(f"{pack} has no {node} in nodes/model_optimization_nodes.py")
+    if node == "TorchCompileModelAdvanced":
+        return nodes.TorchCompileModelAdvanced().patch(model, backend, False, "default", "false", 64, True, False)[0]
+    if node == "TorchCompileModelFluxAdvancedV2":
         return nodes.TorchCompileModelFluxAdvancedV2().patch(model, backend, "default", False, True, True, False, 64)[0]
     return nodes.TorchCompileModelFluxAdvanced().patch(model, backend, "default", False, "0-1", "0-1", False, 64)[0]
 
 
 @pytest.mark.parametrize("order", ["pack_first", "toma_first"])
-@pytest.mark.parametrize("version", ["V1", "V2"])
-def test_kjnodes_compiled_blocks(version: str, order: str, tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
-    """Per-block torch.compile (V1: object patches made at node time; V2: ComfyUI's compile
-    wrapper at sample time): ToMA's hooks wrap the compiled blocks, merged tokens go through them."""
+@pytest.mark.parametrize("node", KJ_COMPILE_NODES)
+def test_kjnodes_compiled_blocks(node: str, order: str, comfy: Path, tiny_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
+    """Per-block torch.compile by each of the snapshot's compile nodes: ToMA's hooks wrap the
+    compiled blocks, merged tokens go through them."""
     import torch._dynamo
 
     torch._dynamo.reset()
     backend = CountingBackend()
-    model = in_both_orders(lambda m: kjnodes_compile(version, m, backend), toma, tiny_flux)[order]
+    model = in_both_orders(lambda m: kjnodes_compile(node, m, backend, comfy), toma, tiny_flux)[order]
     out = tiny.sample(model, FLUX_LATENT, steps=2)
     line = run_lines(logs)[-1]
     assert backend.graphs > 0  # the pack compiled the blocks
@@ -363,21 +412,22 @@ def test_pulid_ll_then_toma(masked: bool, pulid_ll: tuple, tiny: Any, toma: Toma
     (``pulid_forward_orig``) passes ``transformer_options`` in ``extra``; ToMA placed after it
     merges inside PuLID's replacements and PuLID's cross-attention still adds its term. With an
     attention mask PuLID multiplies its term by an N-token mask: it must see all N tokens."""
-    apply, model = pulid_ll
-    mask = torch.zeros(1, 64, 64)
-    mask[:, :, :32] = 1.0
-    pulid = apply(model, mask if masked else None)
-    dit = pulid.model_options["transformer_options"]["patches_replace"]["dit"]
-    assert len(dit) == 10 + 10  # PuLID's own patch loop: every 2nd double, every 4th single block
-    out = tiny.sample(toma.patch(pulid), FLUX_LATENT, steps=2)
-    line = run_lines(logs)[-1]
-    assert merged_block_runs(line) == 2 * (19 + 38) and "unmerged: none" in line, line
-    assert rel(out, tiny.sample(toma.patch(model), FLUX_LATENT, steps=2)) > 1e-3  # PuLID acted
-    assert rel(out, tiny.sample(pulid, FLUX_LATENT, steps=2)) > 1e-3  # ToMA acted
-    again = toma.patch(toma.patch(pulid, ratio=0.25))  # re-applying ToMA keeps PuLID outermost
-    assert torch.equal(tiny.sample(again, FLUX_LATENT, steps=2), out)
-    foreign = again.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)].toma_foreign
-    assert type(foreign) is type(dit[("double_block", 0)])  # PuLID's own replacement (clones copy it)
+    with pack_code(tp.PULID_LL):
+        apply, model = pulid_ll
+        mask = torch.zeros(1, 64, 64)
+        mask[:, :, :32] = 1.0
+        pulid = apply(model, mask if masked else None)
+        dit = pulid.model_options["transformer_options"]["patches_replace"]["dit"]
+        assert len(dit) == 10 + 10  # PuLID's own patch loop: every 2nd double, every 4th single block
+        out = tiny.sample(toma.patch(pulid), FLUX_LATENT, steps=2)
+        line = run_lines(logs)[-1]
+        assert merged_block_runs(line) == 2 * (19 + 38) and "unmerged: none" in line, line
+        assert rel(out, tiny.sample(toma.patch(model), FLUX_LATENT, steps=2)) > 1e-3  # PuLID acted
+        assert rel(out, tiny.sample(pulid, FLUX_LATENT, steps=2)) > 1e-3  # ToMA acted
+        again = toma.patch(toma.patch(pulid, ratio=0.25))  # re-applying ToMA keeps PuLID outermost
+        assert torch.equal(tiny.sample(again, FLUX_LATENT, steps=2), out)
+        foreign = again.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)].toma_foreign
+        assert type(foreign) is type(dit[("double_block", 0)])  # PuLID's own replacement (clones copy it)
 
 
 def test_toma_then_pulid_ll(pulid_ll: tuple, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
