@@ -274,6 +274,20 @@ def build_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
     return model_config(getattr(comfy.supported_models, s.config_class), s.unet_config, dtype).get_model({})
 
 
+def tensors_digest(path: Path) -> str:
+    """sha256 over a safetensors file's tensors (name, dtype, shape, bytes; sorted by name), not its
+    metadata: equal digests mean bit-identical weights and conditioning."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(load_file(str(path)).items()):
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _read_fixture(family: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

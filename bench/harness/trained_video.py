@@ -63,6 +63,17 @@ Attention over 2,304 tokens is most of a forward at this width (as at Wan 14B's 
 
 SAMPLER: dict[str, Any] = {"steps": 20, "sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}
 
+LOADER_CONFIG: dict[str, Any] = {"num_heads": WAN_CONFIG["num_heads"], "text_dim": WAN_CONFIG["text_dim"]}
+"""The WAN_CONFIG entries ``comfy.model_detection.detect_unet_config`` cannot read from the weights'
+shapes (it sets num_heads = dim // 128, 0 at width 64, and leaves text_dim at WanModel's 4096). On
+ComfyUI 0.33 it updates a Wan config with the ``"transformer"`` entry of the file's ``config``
+metadata, so the fixture stores these there and UNETLoader loads it (``loader_metadata``)."""
+
+
+def loader_metadata() -> dict[str, str]:
+    """The safetensors metadata that lets ComfyUI's own loader read LOADER_CONFIG."""
+    return {"config": json.dumps({"transformer": LOADER_CONFIG})}
+
 
 def weights_path() -> Path:
     return trained.FIXTURE_DIR / f"{FAMILY}.safetensors"

@@ -312,15 +312,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def write_weights(out: Path, family: str, module: torch.nn.Module, cond: dict[str, torch.Tensor]) -> Path:
-    """out/<family>.safetensors: fp16 weights and the fp32 fixed conditioning (under COND_PREFIX)."""
+def write_weights(out: Path, family: str, module: torch.nn.Module, cond: dict[str, torch.Tensor],
+                  metadata: dict[str, str] | None = None) -> Path:
+    """out/<family>.safetensors: fp16 weights and the fp32 fixed conditioning (under COND_PREFIX), with
+    `metadata` (what ComfyUI's loader reads, e.g. ``trained_video.loader_metadata``) in its header."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in module.state_dict().items()}
     tensors |= {trained.COND_PREFIX + k: v.float().contiguous() for k, v in cond.items()}
     path = out / f"{family}.safetensors"
-    save_file(tensors, str(path))
+    save_file(tensors, str(path), metadata=metadata)
     return path
 
 
@@ -345,8 +347,9 @@ def provenance(args: argparse.Namespace, record: dict[str, Any], script: str, co
 
 
 def write_meta(out: Path, family: str, meta: dict[str, Any], weights: Path) -> None:
-    """out/<family>.json."""
+    """out/<family>.json, with the weights file's ``trained.tensors_digest``."""
     meta_file = out / f"{family}.json"
+    meta = meta | {"tensors_sha256": trained.tensors_digest(weights)}
     meta_file.write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {weights} ({weights.stat().st_size / 1e6:.2f} MB) and {meta_file}")
 

@@ -228,7 +228,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def save(args: argparse.Namespace, record: dict[str, Any], comfy_root: Path) -> dict[str, Any]:
     """Write the safetensors and the json; returns the json dict."""
-    weights = write_weights(args.out, tv.FAMILY, record["model"].diffusion_model, record["cond"])
+    weights = write_weights(args.out, tv.FAMILY, record["model"].diffusion_model, record["cond"], tv.loader_metadata())
     meta = {
         "family": tv.FAMILY,
         "comfy_class": "comfy.supported_models.WAN21_T2V -> comfy.model_base.WAN21 -> comfy.ldm.wan.model.WanModel",
