@@ -80,3 +80,14 @@ def test_odd_sizes(hidream: Any, tiny: Any, toma: Any, conds: tuple, shape: tupl
 def test_refuses_attention_scope(hidream: Any, toma: Any) -> None:
     with pytest.raises(ValueError, match="HiDream merges whole blocks"):
         fc.patch(toma, hidream, scope="attention")
+
+
+@pytest.mark.parametrize("blocks", ["all", "single:0", "single:1"])
+def test_text_rows_pass_through_exactly(hidream: Any, tiny: Any, toma: Any, conds: tuple, blocks: str) -> None:
+    """Which rows merged: the T5 + Llama text rows (after the image in every block's attention,
+    HiDreamAttnProcessor_flashattn: [image; text]) reach the first merged double / single block's
+    attention exactly as unpatched, their rope rows their own; the image rows lose N - D."""
+    def kept(plain: int, merged: int) -> list[tuple[int, int, int]]:
+        return [(plain - TEXT_ALL, merged - TEXT_ALL, TEXT_ALL)]
+
+    fc.check_passthrough_rows(tiny, toma, hidream, LATENT, *conds, kept=kept, merged_tokens=32, blocks=blocks)

@@ -66,3 +66,39 @@ def test_refuses_what_it_cannot_honour(sd3: Any, toma: Any) -> None:
         fc.patch(toma, sd3, proportional_attention=True)
     with pytest.raises(ValueError, match="double range 0-5 is outside 0-2"):
         fc.patch(toma, sd3, blocks="double:0-5")
+
+
+@pytest.mark.parametrize("blocks", ["all", "double:1", "double:2"])
+def test_text_rows_pass_through_exactly(sd3: Any, tiny: Any, toma: Any, conds: tuple, blocks: str) -> None:
+    """Which rows merged: the T text rows ([context; x] in `_block_mixing`'s joint attention) reach
+    the first merged block's joint attention exactly as unpatched, the N image rows lose N - D. Block 0
+    (all) has SD3.5-Medium's x_block_self_attn, block 1 is a plain SD3 block, block 2 the last one
+    (pre-only context block)."""
+    fc.check_passthrough_rows(tiny, toma, sd3, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32, blocks=blocks)
+
+
+def test_x_block_self_attention_holds_only_merged_image_tokens(sd3: Any, tiny: Any, toma: Any, conds: tuple) -> None:
+    """SD3.5-Medium's x_block_self_attn (block 0's image-only second attention) runs on exactly the
+    D merged image tokens block 0 receives: its q, k, v are `DismantledBlock.pre_attention_x` of
+    that merged x, no text row among them, while the joint attention keeps the T text rows."""
+    inputs: list[tuple] = []
+    block = sd3.get_model_object("diffusion_model.joint_blocks.0")
+    hook = block.register_forward_pre_hook(lambda module, args, kwargs: inputs.append((args[1], kwargs["c"])), with_kwargs=True)
+    try:
+        merged = fc.attention_inputs(tiny, fc.patch(toma, sd3, ratio=0.5, tile_size=4, blocks="double:0"), LATENT, *conds)
+    finally:
+        hook.remove()
+    assert [c[1].shape[1] for c in merged] == [TEXT + 32, 32, TEXT + 64, TEXT + 64]
+    (x, c), = inputs
+    assert x.shape[1] == 32
+    with torch.no_grad():
+        _, qkv2, _ = block.x_block.pre_attention_x(x, c)
+    for recorded, expected in zip(merged[1], qkv2):
+        torch.testing.assert_close(recorded, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_register_tokens_pass_through_exactly(tiny: Any, toma: Any, conds: tuple) -> None:
+    """MMDiT register tokens (register_length, prepended to the context in
+    forward_core_with_concat) and the text after them pass through exactly."""
+    model = tiny_dits.build_sd3(seed=0, register_length=4)
+    fc.check_passthrough_rows(tiny, toma, model, LATENT, *conds, kept=lambda plain, merged: [(0, 0, 4 + TEXT)], merged_tokens=32)

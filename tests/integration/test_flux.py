@@ -491,12 +491,65 @@ def build_tiny_chroma(tiny: Any) -> Any:
     return tiny.build(comfy.supported_models.Chroma, config)
 
 
-def test_chroma(tiny: Any, toma: Any) -> None:
-    chroma = build_tiny_chroma(tiny)
+CHROMA_TEXT = 32
+
+
+def chroma_conditioning(mask: torch.Tensor | None = None) -> tuple[list, list]:
+    """(positive, negative) for the tiny Chroma: 32 text tokens; `mask` (1, T+N, T+N) on the positive
+    as a Chroma text mask (the attention_mask cond, comfy.model_base.Flux.extra_conds)."""
     gen = torch.Generator().manual_seed(0)
-    pos, neg = ([[torch.randn(1, 32, 64, generator=gen), {"pooled_output": torch.zeros(1, 8)}]] for _ in range(2))
-    baseline, out, lengths = zero_then_merged(tiny, toma, chroma, pos, neg)
+    pos, neg = ([[torch.randn(1, CHROMA_TEXT, 64, generator=gen), {"pooled_output": torch.zeros(1, 8)}]] for _ in range(2))
+    if mask is not None:
+        pos[0][1].update(attention_mask=mask, attention_mask_img_shape=(8, 8))
+    return pos, neg
+
+
+def chroma_text_mask() -> torch.Tensor:
+    """(1, T+N, T+N): text tokens 20..31 hidden from every query, 10..13 from the text queries only."""
+    length = CHROMA_TEXT + 64
+    mask = torch.zeros((1, length, length))
+    mask[:, :, 20:CHROMA_TEXT] = -10000.0
+    mask[:, :CHROMA_TEXT, 10:14] = -10000.0
+    return mask
+
+
+@pytest.fixture(scope="module")
+def tiny_chroma(tiny: Any) -> Any:
+    return build_tiny_chroma(tiny)
+
+
+def test_chroma(tiny_chroma: Any, tiny: Any, toma: Any) -> None:
+    pos, neg = chroma_conditioning()
+    baseline, out, lengths = zero_then_merged(tiny, toma, tiny_chroma, pos, neg)
     assert set(lengths) == {32 + 32} and rel(out, baseline) > 1e-3
+
+
+@pytest.mark.parametrize("blocks", ["all", "single:0"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_chroma_text_rows_pass_through_exactly(tiny_chroma: Any, tiny: Any, toma: Any, blocks: str, masked: bool) -> None:
+    """Which rows merged on Chroma (comfy.ldm.chroma.model.Chroma, [txt; img] as Flux): the T text
+    rows reach the first merged double / single block's attention exactly as unpatched, with and
+    without a text mask; the image rows lose N - D."""
+    pos, neg = chroma_conditioning(chroma_text_mask() if masked else None)
+    fc.check_passthrough_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, lambda plain, merged: [(0, 0, CHROMA_TEXT)], 32, blocks=blocks)
+
+
+def test_chroma_text_mask_keeps_its_text_rows_and_columns(tiny_chroma: Any, tiny: Any, toma: Any) -> None:
+    """The text mask reaches every merged attention T + D square, with the text queries' rows and
+    the text keys' columns as unpatched (the image rows and columns, zero here, stay zero)."""
+    pos, neg = chroma_conditioning(chroma_text_mask())
+    plain_model, plain = compat_support.record_attention(tiny_chroma, lambda batch, q, k, mask: mask)
+    merged_model, merged = compat_support.record_attention(patch(toma, tiny_chroma, blocks="all", tile_size=4), lambda batch, q, k, mask: mask)
+    tiny.sample(plain_model, FLUX_LATENT, positive=pos, negative=neg, steps=1, cfg=1.0)
+    tiny.sample(merged_model, FLUX_LATENT, positive=pos, negative=neg, steps=1, cfg=1.0)
+    t, d = CHROMA_TEXT, CHROMA_TEXT + 32
+    assert len(merged) == len(plain) == 4
+    for p_mask, m_mask in zip(plain, merged):
+        assert p_mask.shape[-2:] == (t + 64, t + 64) and m_mask.shape[-2:] == (d, d)
+        assert torch.equal(m_mask[..., :t, :t], p_mask[..., :t, :t])
+        assert torch.equal(m_mask[..., t:, :t], p_mask[..., t:d, :t])  # every image query: the same text columns
+        assert torch.equal(m_mask[..., :t, t:], p_mask[..., :t, t:d])
+        assert (p_mask[..., :t, 10:14] < 0).all() and (p_mask[..., t:, 10:14] == 0).all()
 
 
 def test_proportional_attention_biases_merged_keys_by_cluster_size(tiny_flux: Any, tiny: Any, toma: Any) -> None:

@@ -318,3 +318,70 @@ def test_ratio_zero_is_reported_as_such_not_as_a_bypass(wan: Any, tiny: Any, tom
     warnings = [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.levelno >= logging.WARNING]
     assert "unmerged: 2 calls ratio 0 (nothing to merge)" in lines[-1] and "bypassed" not in lines[-1], lines[-1]
     assert warnings == []
+
+
+def wan_attention(wan: Any, tiny: Any, model: Any, merged: Any, **extras: Any) -> tuple[list, list]:
+    """(q, k, v) of every attention call of a 1-step cfg-1 run of `model` and of `merged` (tokens on
+    axis 1); extras go into both conditionings (reference_latents, time_dim_concat)."""
+    import family_checks as fc
+
+    latent = latent_of(wan, model)
+    pos, neg = wan.conditioning(model, 1, latent, **extras), wan.conditioning(model, 2, latent, **extras)
+    return fc.attention_inputs(tiny, model, latent, pos, neg), fc.attention_inputs(tiny, merged, latent, pos, neg)
+
+
+@pytest.mark.parametrize("kind", ["t2v", "i2v"])
+def test_cross_attention_keys_and_values_pass_through_exactly(wan: Any, tiny: Any, toma: Any, kind: str) -> None:
+    """Wan's self-attention (WanSelfAttention) holds only the video tokens and is shortened by
+    N - D; the text (WanT2VCrossAttention) and the CLIP image tokens of I2V
+    (WanI2VCrossAttention's k_img, v_img) are cross-attention keys and values that reach every
+    merged block's attention exactly as unpatched, queried by the D merged tokens."""
+    model = wan.build_wan(kind)
+    plain, merged = wan_attention(wan, tiny, model, patch(toma, model))
+    n, d = 5 * 6 * 8, kept_tokens(toma, 5, 6, 8)
+    assert len(plain) == len(merged)
+    cross_lengths = set()
+    for (p_q, p_k, p_v), (m_q, m_k, m_v) in zip(plain, merged):
+        assert p_q.shape[1] == n and m_q.shape[1] == d
+        if p_k.shape[1] == n:
+            assert m_k.shape[1] == d
+            continue
+        cross_lengths.add(p_k.shape[1])
+        assert torch.equal(m_k, p_k) and torch.equal(m_v, p_v)
+    assert cross_lengths == ({wan.TEXT_LEN, 257} if kind == "i2v" else {wan.TEXT_LEN})
+
+
+@pytest.mark.parametrize("kind", ["fun_ref", "phantom"])
+def test_pass_through_frame_rows_reach_attention_exactly(wan: Any, tiny: Any, toma: Any, kind: str) -> None:
+    """Which rows merged: a Fun reference frame (reference_latent through ref_conv, prepended) and
+    Phantom frames (time_dim_concat, appended) reach the first merged block's self-attention exactly
+    as unpatched (their rope rows their own); the video rows lose N - D."""
+    import family_checks as fc
+
+    frames = 1 if kind == "fun_ref" else 2
+    extra = torch.randn((1, 16, frames, 12, 16), generator=torch.Generator().manual_seed(5))
+    model = wan.build_wan("fun_ref" if kind == "fun_ref" else "t2v")
+    latent = latent_of(wan, model)
+    extras = {"reference_latents": [extra]} if kind == "fun_ref" else {"time_dim_concat": extra}
+    pos, neg = wan.conditioning(model, 1, latent, **extras), wan.conditioning(model, 2, latent, **extras)
+    rows = frames * 48
+
+    def kept(plain: int, merged: int) -> list[tuple[int, int, int]]:
+        return [(0, 0, rows)] if kind == "fun_ref" else [(plain - rows, merged - rows, rows)]
+
+    fc.check_passthrough_rows(tiny, toma, model, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
+
+
+def test_vace_blocks_see_every_token_exactly_as_unpatched(wan: Any, tiny: Any, toma: Any) -> None:
+    """VaceWanModel's vace blocks run beside the merged main blocks on the full N tokens of their
+    own stream (fed from the model's input x, not from the main blocks): every attention of theirs
+    gets its q, k, v exactly as unpatched, while the main blocks' self-attention holds D tokens."""
+    model = wan.build_wan("vace")
+    plain, merged = wan_attention(wan, tiny, model, patch(toma, model))
+    n, d = 5 * 6 * 8, kept_tokens(toma, 5, 6, 8)
+    full = [(p, m) for p, m in zip(plain, merged) if m[0].shape[1] == n]
+    assert len(plain) == len(merged) and len(full) == len(plain) // 2 == 6  # 3 vace blocks x (self, cross)
+    assert sum(m[1].shape[1] == d for m in merged) == 3
+    for p_call, m_call in full:
+        for p_t, m_t in zip(p_call, m_call):
+            assert torch.equal(m_t, p_t)
