@@ -6,9 +6,21 @@ only at the end of the run (one synchronisation, after sampling), so timing adds
 sampling loop. On the CPU a call returns when its work is done, so a monotonic clock
 (time.perf_counter, or the clock a test injects) brackets it.
 
+min_tokens "auto" also judges by measurement during the run (`CallTimer.auto_stop`, asked eagerly by
+the APPLY_MODEL wrapper before each merge-eligible call): as soon as a shape has unmerged calls and
+AUTO_MIN_MERGED merged ones that have finished, it compares their medians (the first merged call of
+the shape left out: it carries one-off work such as a torch.compile trace), and when merged calls are
+slower it stops merging calls of that shape for the rest of the run, the run line saying why. The cost
+model is calibrated on a CPU only; this check needs no calibration, so on a GPU (CUDA events, read
+only once finished: `torch.cuda.Event.query`, no synchronisation) it is what keeps a predicted gain
+honest.
+
 Merged calls are compared with unmerged calls of the same batch and token count (the steps outside
 the merge window, or between merge steps), by median, so a first call's warm-up does not count. A run
-without such an unmerged call uses the cost model's predicted speed-up instead, and says so. A merged
+without such an unmerged call gives the cost model's speed-up instead, labelled "predicted" in its
+run line: it is never presented as measured. No call is run unmerged on purpose to measure one: that
+would change the image of a run asked to merge every step, and at the nodes' defaults (start_percent
+0.4) the steps before the window are the unmerged calls a measurement needs. A merged
 call that a step cache skipped is not timed (wrappers.py); an unmerged one it skipped cannot be told
 apart and counts, which the median absorbs while the cache skips fewer than half of those calls.
 """
@@ -37,14 +49,30 @@ class TimedCall:
     seconds: float
 
 
+AUTO_MIN_MERGED = 2
+"""Finished merged calls of one shape min_tokens "auto" needs before it judges them by measurement."""
+
+AUTO_STOP_BELOW = 1.0
+"""min_tokens "auto" stops merging a shape whose merged calls measure below this speed-up."""
+
+
+def auto_stop_reason(ratio: float) -> str:
+    """The unmerged-call reason of a shape min_tokens "auto" stopped merging, measured at `ratio`."""
+    return f"merging measured slower ({ratio:.2f}x) at this size, stopped by min_tokens auto"
+
+
 @dataclass
 class CallTimer:
     """Start/stop marks of a run's model calls. clock: seconds, monotonic (CPU calls). device: the
-    device type of the last call started ("cpu", "cuda", ...)."""
+    device type of the last call started ("cpu", "cuda", ...). stopped: the shapes min_tokens "auto"
+    stopped merging, with the speed-up they measured."""
 
     clock: Callable[[], float] = time.perf_counter
     device: str = "cpu"
+    stopped: dict[CallKey, float] = field(default_factory=dict)
     _marks: list[tuple[CallKey, bool, Any, Any]] = field(default_factory=list)
+    _finished: dict[CallKey, tuple[list[float], list[float]]] = field(default_factory=dict)
+    _read: int = 0
 
     def start(self, x: torch.Tensor) -> Any:
         """A start mark for a call on x's device: a recorded CUDA event, or the clock's reading."""
@@ -63,6 +91,37 @@ class CallTimer:
         else:
             end = self.clock()
         self._marks.append((key, merged, start, end))
+
+    def auto_stop(self, key: CallKey) -> str | None:
+        """min_tokens "auto", before a merge-eligible call of `key`: why it must run unmerged (its
+        shape measured slower merged, now or earlier in the run), or None. Reads only finished calls."""
+        if key not in self.stopped:
+            ratio = self.finished_ratio(key)
+            if ratio is None or ratio >= AUTO_STOP_BELOW:
+                return None
+            self.stopped[key] = ratio
+            log.info("ToMA: %s (%d image tokens, batch %d)", auto_stop_reason(ratio), key[1], key[0])
+        return auto_stop_reason(self.stopped[key])
+
+    def finished_ratio(self, key: CallKey) -> float | None:
+        """Median unmerged over median merged time of the finished calls of `key` (the first merged
+        one left out); None until it has AUTO_MIN_MERGED merged calls and an unmerged one."""
+        self._read_finished()
+        merged, unmerged = self._finished.get(key, ([], []))
+        if len(merged) < AUTO_MIN_MERGED or not unmerged:
+            return None
+        fast = statistics.median(merged[1:])
+        return statistics.median(unmerged) / fast if fast > 0 else None
+
+    def _read_finished(self) -> None:
+        """Move the calls finished since the last read, in call order, into `_finished` (a CUDA call
+        is finished once its end event is: no synchronisation)."""
+        while self._read < len(self._marks):
+            key, merged, start, end = self._marks[self._read]
+            if isinstance(end, torch.cuda.Event) and not end.query():
+                return
+            self._finished.setdefault(key, ([], []))[0 if merged else 1].append(_seconds(start, end))
+            self._read += 1
 
     def calls(self) -> list[TimedCall]:
         """The run's timed calls; CUDA marks are read here (after one synchronisation)."""
@@ -88,14 +147,16 @@ class Gain:
     key: CallKey
 
     def text(self) -> str:
+        """The run line's gain: measured figures as such; without an unmerged call of the merged
+        calls' shape, the cost model's figures, each labelled "predicted"."""
         if self.measured:
             return (
                 f"merged calls {_faster(self.call)} than unmerged ones; this run about {_faster(self.run)} "
                 "than without ToMA (predicted for all-unmerged)"
             )
         return (
-            f"no unmerged call to compare with: merged calls {_faster(self.call)} by the cost model; "
-            f"this run about {_faster(self.run)} than without ToMA (cost model)"
+            f"merged calls predicted {_faster(self.call)} by the cost model (no unmerged call of their size to "
+            f"measure); this run predicted about {_faster(self.run)} than without ToMA"
         )
 
 

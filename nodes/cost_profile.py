@@ -1,6 +1,8 @@
 """The cost model's view of a patched model (toma_core.cost), and `min_tokens = "auto"`: a model
 call merges only where the model predicts a gain of at least AUTO_MIN_SPEEDUP for that family's
-width and that call's token count.
+width, that call's token count and the plan's tile (tile_size^2 x tile_frames tokens). A predicted
+gain is then checked by measurement during the run (call_timing.CallTimer.auto_stop, wrappers.py):
+the model is calibrated on a CPU only.
 
 The profile is read once, when the node runs, from the diffusion model's own modules:
 - a DiT (Flux, Chroma, SD3, Qwen-Image, Lumina2, HiDream, HunyuanVideo, Wan): its width (the
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..toma_core.cost import LINEAR_UNET, BlockCost, call_speedup
+from ..toma_core.cost import LINEAR_UNET, TILE_TOKENS, BlockCost, call_speedup
 from .contract import CallGeometry
 from .settings import ToMASettings
 
@@ -43,12 +45,14 @@ CROSS_ATTENTION_FAMILIES = frozenset({"wan"})
 class CostProfile:
     """The blocks of one patched model for the cost model, with a per-geometry cache of predictions.
 
-    width: the width reported in log lines (a UNet's first transformer level).
+    width: the width reported in log lines (a UNet's first transformer level). tile_tokens: tokens
+    per plan tile, tile_size^2 (x tile_frames in a video family): the plan's cost grows with it.
     """
 
     blocks: tuple[BlockCost, ...]
     width: int
     kept: float
+    tile_tokens: int = TILE_TOKENS
     _cache: dict[tuple[int, int, str, int], float] = field(default_factory=dict, repr=False)
 
     def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> float:
@@ -56,7 +60,7 @@ class CostProfile:
         `others` text and pass-through tokens, on a device of type `device` ("cpu", "cuda", ...)."""
         key = (tokens, others, device, batch)
         if key not in self._cache:
-            self._cache[key] = call_speedup(self.blocks, tokens, others, self.kept, device, batch)
+            self._cache[key] = call_speedup(self.blocks, tokens, others, self.kept, device, batch, self.tile_tokens)
         return self._cache[key]
 
     def auto_veto(self, geometry: CallGeometry, device: str, batch: int) -> str | None:
@@ -70,13 +74,17 @@ class CostProfile:
         )
 
 
-def build_profile(family: str, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings) -> CostProfile:
-    """The CostProfile of a patched model: `merged_blocks` of its blocks merge (DiT families)."""
+def build_profile(
+    family: str, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool = False,
+) -> CostProfile:
+    """The CostProfile of a patched model: `merged_blocks` of its blocks merge (DiT families); a
+    `video` family's tiles span settings.tile_frames frames."""
     kept = 1.0 - settings.effective_ratio
     whole = settings.scope == "block"
+    tile_tokens = settings.tile_size ** 2 * (settings.tile_frames if video else 1)
     if family == "unet":
         blocks, width = unet_blocks(diffusion_model, settings, whole)
-        return CostProfile(blocks, width, kept)
+        return CostProfile(blocks, width, kept, tile_tokens)
     width = dit_width(diffusion_model)
     total = sum(len(getattr(diffusion_model, name)) for name in BLOCK_LISTS if isinstance(getattr(diffusion_model, name, None), torch.nn.ModuleList))
     joint = family not in CROSS_ATTENTION_FAMILIES
@@ -85,7 +93,7 @@ def build_profile(family: str, diffusion_model: torch.nn.Module, merged_blocks: 
         BlockCost(width, merged, joint=joint, merged=True, whole=whole),
         BlockCost(width, max(0, total - merged), joint=joint),
     )
-    return CostProfile(blocks, width, kept)
+    return CostProfile(blocks, width, kept, tile_tokens)
 
 
 def dit_width(diffusion_model: torch.nn.Module) -> int:

@@ -30,7 +30,7 @@ def patch_model(model, settings: ToMASettings):
     family = detect_family(model)
     patched = model.clone()
     adapter = apply_family(family, patched, settings)
-    cost = build_profile(family.name, patched.get_model_object("diffusion_model"), adapter.num_blocks, settings)
+    cost = build_profile(family.name, patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
     install_runtime(patched, ToMAConfig(settings, adapter, cost))
     for note in settings.notes():
         log.warning("ToMA: %s", note)

@@ -4,7 +4,8 @@ per-call state of runtime.py.
 - OUTER_SAMPLE (`outer_sample_wrapper`): a fresh RunState for each sampling run (the EasyCache
   pattern), its sigma window, the run's summary line at the end (report.py).
 - APPLY_MODEL (`apply_model_wrapper`): the per-call decision (step, merge on/off, epoch, token
-  grid, batch composition) made eagerly in `build_call`, the CallContext exposed to the block
+  grid, batch composition; min_tokens "auto"'s measured stop, call_timing.CallTimer.auto_stop) made
+  eagerly in `build_call`, the CallContext exposed to the block
   hooks for the call, and the plans they built kept for later calls. APPLY_MODEL rather than
   DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model` (DIFFUSION_MODEL wrappers
   included), so decisions made here stay eager.
@@ -62,7 +63,8 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         log.info(format_report(state.config, state.stats, orphans, gain))
         _warn_bypass(state, orphans)
         _warn_schedule(state)
-        warn_if_slower(gain, state.config.settings.min_tokens)
+        if not state.timer.stopped:  # auto stopped merging, and the run line says why
+            warn_if_slower(gain, state.config.settings.min_tokens)
         state.plans.clear()
 
 
@@ -159,11 +161,22 @@ def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision |
     if geometry.reason is not None:
         return geometry.reason
     if settings.min_tokens == AUTO:
-        cost = state.config.cost
-        return cost.auto_veto(geometry, x.device.type, int(x.shape[0])) if cost is not None else None
+        return _auto_veto(state, geometry, x)
     if geometry.tokens < settings.min_tokens:
         return f"fewer than min_tokens={settings.min_tokens} image tokens"
     return None
+
+
+def _auto_veto(state: RunState, geometry: CallGeometry, x: torch.Tensor) -> str | None:
+    """min_tokens "auto": unmerged when this shape's merged calls already measured slower in this run
+    (CallTimer.auto_stop: measured, so it holds on a GPU the cost model was never calibrated on), or
+    when the cost model predicts no gain; else merged, to be measured."""
+    batch = int(x.shape[0])
+    stopped = state.timer.auto_stop((batch, geometry.tokens, (geometry.text_len or 0) + geometry.extra_tokens))
+    if stopped is not None:
+        return stopped
+    cost = state.config.cost
+    return cost.auto_veto(geometry, x.device.type, batch) if cost is not None else None
 
 
 def _count_call(state: RunState, ctx: CallContext) -> None:

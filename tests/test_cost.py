@@ -63,3 +63,31 @@ def test_cross_attention_text_does_not_count_in_self_attention():
     with_text = cost.call_speedup([joint], 4096, 4096, 0.5)
     assert cost.call_speedup([cross], 4096, 4096, 0.5) == pytest.approx(cost.call_speedup([cross], 4096, 0, 0.5))
     assert with_text < cost.call_speedup([cross], 4096, 4096, 0.5)  # text tokens stay unmerged in joint attention
+
+
+@pytest.mark.parametrize("point", cost.PLAN_CALIBRATION, ids=lambda p: f"tile{p['tile']}x{p['frames']}")
+def test_plan_cost_follows_its_measurements_at_each_tile(point):
+    """plan_flops against make_plan's measured ms (N 1680, C 256, ratio 0.5), within a factor 2."""
+    flops = cost.plan_flops(1680, 256, point["tile"] ** 2 * point["frames"], 0.5, "cpu")
+    predicted_ms = flops / cost.LAUNCH["cpu"] * cost.LAUNCH_SECONDS_CPU * 1000
+    assert 0.5 < predicted_ms / point["ms"] < 2.0
+
+
+def test_plan_cost_grows_with_the_tiles_token_count():
+    """Facility location's greedy does k ~ n iterations over n x n similarities per tile: per image
+    token its work grows as n^2, so four times the tile's tokens cost the plan about 16 times more."""
+    per_tile = [cost.plan_flops(4096, 64, n, 0.5, "cpu") for n in (16, 64, 256, 1024)]
+    assert per_tile == sorted(per_tile)
+    assert per_tile[3] / per_tile[2] > 8
+
+
+def test_a_narrow_video_model_with_wide_tiles_is_predicted_to_gain_less():
+    """Width 256, 1680 tokens (a Wan-shaped test model): tile 8 x 4 frames predicts far less than tile 4,
+    and tile 16 x 4 frames a loss, which min_tokens auto then refuses; at a real width (Wan 1.3B,
+    C 1536, 30 blocks) the plan is small beside the blocks and merging still pays."""
+    narrow = [cost.BlockCost(256, 3, joint=False, merged=True)]
+    by_tile = [cost.call_speedup(narrow, 1680, 0, 0.5, "cpu", tile_tokens=n) for n in (16, 256, 1024)]
+    assert by_tile == sorted(by_tile, reverse=True) and by_tile[2] < 1.0 < by_tile[0]
+    assert by_tile[1] < 0.75 * by_tile[0]
+    wide = [cost.BlockCost(1536, 30, joint=False, merged=True)]
+    assert cost.call_speedup(wide, 32760, 0, 0.5, "cpu", tile_tokens=256) > 2.0

@@ -5,6 +5,8 @@ were slower, min_tokens "auto", ratio 0 reported as such, and schedules that mer
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,7 +95,11 @@ def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
     gain = gain_of(state)
     assert not gain.measured
     assert gain.call == pytest.approx(profile.speedup(64, 5, "cpu", 2)) == pytest.approx(gain.run)
-    assert "no unmerged call to compare with" in gain.text() and "cost model" in gain.text()
+    line = report.format_report(state.config, state.stats, 0, gain)
+    figure = f"{gain.call:.2f}x faster"
+    assert f"merged calls predicted {figure} by the cost model (no unmerged call of their size to measure)" in line
+    assert f"this run predicted about {figure} than without ToMA" in line
+    assert line.count(figure) == line.count(f"predicted {figure}") + line.count(f"predicted about {figure}") == 2
 
 
 def test_no_merged_call_gives_no_gain():
@@ -198,3 +204,63 @@ def test_at_the_node_defaults_a_few_step_run_merges_its_share_or_warns(few):
 
 def test_a_loss_reads_as_slower():
     assert "merged calls 1.25x slower than unmerged ones" in timing.Gain(0.8, 0.9, True, (1, 64, 0)).text()
+
+
+def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, unmerged_s: float) -> runtime.RunState:
+    """A `count`-step run (no cost profile: auto's cost model predicts nothing, so the measurement
+    decides) whose merged calls take merged_s on the timer's clock, unmerged ones unmerged_s."""
+    clock = FakeClock()
+    state = state_of(steps(count), schedule=core.MergeSchedule(start, 1.0), min_tokens=min_tokens)
+    state.timer = timing.CallTimer(clock)
+    sample(state, clock, merged_s=merged_s, unmerged_s=unmerged_s, sigmas=steps(count))
+    return state
+
+
+def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
+    state = long_run(8, 0.5, "auto", merged_s=3.0, unmerged_s=2.0)  # steps 0-3 unmerged, 4-7 in the window
+    assert state.stats.merged_calls == timing.AUTO_MIN_MERGED == 2
+    line = report.format_report(state.config, state.stats, 0, gain_of(state))
+    assert "2 calls merging measured slower (0.67x) at this size, stopped by min_tokens auto" in line, line
+    assert "merged 2/8 steps" in line
+
+
+@pytest.mark.parametrize("min_tokens, merged_s, merged", [("auto", 1.0, 4), (0, 3.0, 4)])
+def test_auto_keeps_merging_faster_calls_and_a_number_always_merges(min_tokens, merged_s, merged):
+    state = long_run(8, 0.5, min_tokens, merged_s=merged_s, unmerged_s=2.0)
+    assert state.stats.merged_calls == merged
+    assert not any("measured slower" in reason for reason in state.stats.unmerged_calls)
+
+
+def test_auto_judges_only_finished_calls_of_the_same_shape():
+    timer = timing.CallTimer(FakeClock())
+    key, other = (2, 64, 5), (2, 256, 5)
+    timer._marks += [(other, False, 0.0, 9.0), (key, True, 0.0, 3.0), (key, True, 0.0, 3.0)]
+    assert timer.auto_stop(key) is None  # no unmerged call of its own shape yet
+    timer._marks.append((key, False, 0.0, 2.0))
+    assert timer.auto_stop(key) == timing.auto_stop_reason(2.0 / 3.0) and timer.auto_stop(other) is None
+    assert timer.stopped == {key: pytest.approx(2.0 / 3.0)}
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def example_pattern(example: str) -> re.Pattern:
+    """A README example as a pattern: its figures (1.71x, 4096->2048, 64x64) stand for any, "..." for
+    anything, [flux] for any family."""
+    pattern = re.escape(" ".join(example.split()))
+    pattern = re.sub(r"\\\.\\\.\\\.", ".*", pattern)
+    pattern = re.sub(r"\d+(?:\\\.\d+)?", r"\\d+(?:\\.\\d+)?", pattern)
+    return re.compile(re.sub(r"\\\[\w+\\\]", r"\\[\\w+\\]", pattern))
+
+
+def test_the_readme_example_run_line_is_what_the_code_prints():
+    """Quick start step 3 quotes the run line's start and its measured gain: both as printed."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    step = text[text.index("3. Queue."):text.index("4. Compare")]
+    head = re.search(r"`(ToMA \[[^`]*)`", step).group(1)
+    gained = re.search(r"measured \(`([^`]*)`\)", step).group(1)
+    state = long_run(4, 0.5, 0, merged_s=1.0, unmerged_s=2.0)
+    state.stats.tokens[(8, 8)] = (64, 32)
+    line = report.format_report(state.config, state.stats, 0, gain_of(state))
+    assert example_pattern(head).match(line), (head, line)
+    assert example_pattern(gained).search(line), (gained, line)

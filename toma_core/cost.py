@@ -19,13 +19,17 @@ SDXL's BasicTransformerBlock: self-attention 4, cross-attention q/out 2, GEGLU 1
 and A V. MOVE prices the merge, the unmerge and the residual (ToMA §3.3): a few matmuls of the
 (k, n) tile matrices, cheap in flops but memory-bound, so it is given in flop-equivalents per image
 token and channel (about ten passes over the tokens at a GPU's ~400 flops per element moved). The
-plan (facility location, ToMA §3.2) is built once per call and shared by every merged block; its
-cost, PLAN_MOVES passes of the same memory-bound work and PLAN_OPS launches, is spread over the call.
+plan (facility location, ToMA §3.2) is built once per call and shared by every merged block
+(plan_flops): PLAN_MOVES passes of the same memory-bound work, the tile similarities, and the
+greedy, whose k = n (1 - ratio) iterations each read the (G, n, n) similarities (G n = N), so its work
+grows as N n^2 with the tile's n = tile_size^2 x tile_frames tokens: a plan at tile 8 x 4 frames
+(n 256) costs about 250 times the greedy work per token of one at tile 4 (n 16).
 
 Calibration: MOVE is fitted to the merged / unmerged block times in CALIBRATION, measured on this
 project's CPU (one thread, fp32, real ComfyUI blocks at the real width, random weights; `python -m
-bench.speed.realsize measure`, figures in docs/realsize.md): every prediction there is within 11 %
-of its measurement. At tiny widths on a CPU the model predicts a small gain (the tiny test Flux,
+bench.speed.realsize measure`, figures in docs/realsize.md): every prediction there is within 12 %
+of its measurement; GREEDY and PLAN_MOVES are fitted to plan times at tile 4 / 8 / 16 and 1-4 frames
+(PLAN_CALIBRATION). At tiny widths on a CPU the model predicts a small gain (the tiny test Flux,
 C 64), as its merged calls measure there; on a GPU such a call is launch-bound and the launch terms
 predict a loss.
 Cross-attention to the text (UNet, Wan) and the per-sample modulation are left out: under 2 % of a
@@ -67,8 +71,9 @@ MOVE = 1000.0
 """Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
 (memory-bound); fitted to CALIBRATION."""
 
-PLAN_MOVES = 1.0
-"""A call's plan costs this many MOVE passes over its image tokens, once per call."""
+PLAN_MOVES = 0.85
+"""A call's plan costs this many MOVE passes over its image tokens (features, assignment), once per
+call, besides its similarities and greedy (plan_flops); fitted with GREEDY to PLAN_CALIBRATION."""
 
 LAUNCH = {"cpu": 1.0e5, "cuda": 1.6e9}
 """Flop-equivalents of one kernel launch by device type: ~7 us per op at ~15 GFLOP/s (one thread of
@@ -85,7 +90,31 @@ MERGE_OPS = 12
 """Extra launches of a merged block: merge, unmerge, residual, positional rows, dtype casts."""
 
 PLAN_OPS = 40
-"""Launches of one plan: features, tile similarities, the greedy's iterations, the assignment."""
+"""Launches of one plan besides the greedy's iterations: features, tile similarities, the assignment."""
+
+GREEDY = 100.0
+"""Flop-equivalents per similarity entry and greedy iteration of facility location (toma_core/facility.py:
+each of its k iterations reads the (G, n, n) tile similarities a few times, memory-bound); fitted to PLAN_CALIBRATION."""
+
+PLAN_CALIBRATION = (
+    {"tile": 4, "frames": 1, "ms": 22.2}, {"tile": 4, "frames": 2, "ms": 18.1}, {"tile": 4, "frames": 4, "ms": 30.1},
+    {"tile": 8, "frames": 1, "ms": 42.2}, {"tile": 8, "frames": 2, "ms": 94.2}, {"tile": 8, "frames": 4, "ms": 449.2},
+    {"tile": 16, "frames": 1, "ms": 453.2}, {"tile": 16, "frames": 2, "ms": 2224.5}, {"tile": 16, "frames": 4, "ms": 7467.0},
+)
+"""Measured ms of one plan (toma_core.make_plan, ratio 0.5) on N 1680 tokens (4 frames of 20 x 21) of
+width 256, at tile_size x tile_size x tile frames: `OMP_NUM_THREADS=1 python -m bench.speed.plan_cost`,
+process CPU clock, fastest of 3 (spread 1.3-2.5x on a shared 2-core machine). plan_flops is within a
+factor 2 of each over this 340-fold range; tiles 16 pad the 20 x 21 grid to 32 x 32, which the model
+does not count (its low side)."""
+
+GREEDY_OPS = 16
+"""Launches of one greedy iteration (gain, argmax with ties, pick, coverage update), batched over the tiles."""
+
+TILE_TOKENS = 16
+"""Tokens per tile n where a caller gives none: tile_size 4, one frame (the CALIBRATION setting)."""
+
+LAUNCH_SECONDS_CPU = 7e-6
+"""Seconds of one launch on this project's CPU, one thread: LAUNCH["cpu"] flop-equivalents take this long."""
 
 
 def launch_cost(device: str) -> float:
@@ -141,12 +170,25 @@ def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: flo
     return work + MOVE * tokens * block.width
 
 
+def plan_flops(tokens: float, width: int, tile_tokens: int, kept: float, device: str = "cpu", batch: int = 1) -> float:
+    """Predicted time, in flop-equivalents, of one call's plan on `tokens` image tokens of width C
+    in tiles of n = `tile_tokens` tokens (tile_size^2 x tile_frames, at most the tokens), keeping
+    the share `kept`: its memory-bound moves (PLAN_MOVES), the tile similarities (2 N n C) and the
+    greedy's k = round(n * kept) iterations over the (G, n, n) similarities, G n = N: GREEDY * k N n,
+    about kept * N n^2, so a tile twice as wide costs the plan four times as much per token."""
+    n = max(1, min(int(tile_tokens), int(tokens)))
+    k = max(1, round(n * kept))
+    work = PLAN_MOVES * MOVE * tokens * width + 2.0 * tokens * n * width + GREEDY * k * tokens * n
+    return timed(batch * work, PLAN_OPS + GREEDY_OPS * k, device)
+
+
 def call_flops(
     blocks: Sequence[BlockCost], tokens: int, others: int = 0, kept: float = 1.0, device: str = "cpu", batch: int = 1,
+    tile_tokens: int = TILE_TOKENS,
 ) -> float:
     """Predicted time, in flop-equivalents, of one call of batch `batch` on `device` with N = `tokens`
     image tokens and `others` text / pass-through tokens per sample; merged blocks keep the share
-    `kept` = D / N of their tokens (1 = unmerged)."""
+    `kept` = D / N of their tokens (1 = unmerged), their plan tiles hold `tile_tokens` tokens."""
     total = 0.0
     planned = False
     for block in blocks:
@@ -156,7 +198,7 @@ def call_flops(
         if block.merged and kept < 1.0:
             per_block = timed(batch * merged_block_flops(block, n, others, kept), BLOCK_OPS + MERGE_OPS, device)
             if not planned:
-                total += timed(batch * PLAN_MOVES * MOVE * n * block.width, PLAN_OPS, device)
+                total += plan_flops(n, block.width, tile_tokens, kept, device, batch)
                 planned = True
         else:
             per_block = timed(batch * block_flops(block, n, others), BLOCK_OPS, device)
@@ -166,7 +208,8 @@ def call_flops(
 
 def call_speedup(
     blocks: Sequence[BlockCost], tokens: int, others: int, kept: float, device: str = "cpu", batch: int = 1,
+    tile_tokens: int = TILE_TOKENS,
 ) -> float:
     """Predicted unmerged / merged time of one call (see call_flops); 1.0 when nothing merges."""
-    merged = call_flops(blocks, tokens, others, kept, device, batch)
+    merged = call_flops(blocks, tokens, others, kept, device, batch, tile_tokens)
     return call_flops(blocks, tokens, others, 1.0, device, batch) / merged if merged > 0 else 1.0

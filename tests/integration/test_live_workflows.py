@@ -30,7 +30,7 @@ from bench.harness.pack import pack_module
 
 log = logging.getLogger(__name__)
 
-GAIN_PATTERN = re.compile(r"this run about \d+\.\d\dx (faster|slower) than without ToMA")
+GAIN_PATTERN = re.compile(r"this run (predicted )?about \d+\.\d\dx (faster|slower) than without ToMA")
 AUTO_REASON = "min_tokens auto: merging"
 
 
