@@ -30,7 +30,7 @@ class Family:
     """One supported family. name: for logs; classes: ComfyUI diffusion-model classes ("module:Class");
     apply: its adapter's apply (families/<name>.py); title, models, how, limits: its README row;
     node_models: how the nodes' description and model tooltip name it; blocks_example: a `blocks`
-    list for the Advanced node's tooltip; video: it reads `tile_frames`."""
+    list for the Advanced node's tooltip, valid on every model of the family; video: it reads `tile_frames`."""
 
     name: str
     classes: tuple[str, ...]
@@ -59,7 +59,7 @@ FAMILIES: tuple[Family, ...] = (
         "Flux.1 dev, schnell, Fill, Kontext; Chroma (incl. Radiance)",
         "Replaces the dit double/single blocks. Text tokens and Kontext reference-image tokens pass through unmerged; reference tokens of ComfyUI 0.33's `index_timestep_zero` method keep their own modulation.",
         "`scope = attention`: double blocks merge q/k/v after ComfyUI's rope (see below).",
-        "Flux (incl. Kontext, Fill), Chroma", "double:5-18,single:5-37",
+        "Flux (incl. Kontext, Fill), Chroma", "double:1-4,single:5-19",
     ),
     Family(
         "unet", ("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel",), unet.apply, "UNet",
@@ -73,14 +73,14 @@ FAMILIES: tuple[Family, ...] = (
         "SD3 Medium, SD3.5 Large / Large Turbo / Medium (MMDiT)",
         "Replaces the dit joint blocks (`double:` in `blocks`); the text stream passes through. No rope: positions ride in the tokens.",
         "`scope = block` only; no `proportional_attention`.",
-        "SD3/SD3.5", "double:5-59",
+        "SD3/SD3.5", "double:5-23",
     ),
     Family(
         "qwen_image", ("comfy.ldm.qwen_image.model:QwenImageTransformer2DModel",), qwen_image.apply, "Qwen-Image",
         "Qwen-Image, Qwen-Image-Edit (incl. 2511's `index_timestep_zero` references), layered (multi-frame) latents",
         "Replaces the dit blocks (`double:` in `blocks`); merged tokens take their destinations' rope rows. Edit reference-image tokens pass through unmerged with their own modulation; each layer of a layered latent merges on its own.",
         "`scope = block` only; no `proportional_attention`. Edit: the reference tokens are not merged, so the gain is smaller (about half the tokens stay).",
-        "Qwen-Image(-Edit)", "double:5-59",
+        "Qwen-Image(-Edit)", "double:5-23",
     ),
     Family(
         "lumina2", ("comfy.ldm.lumina.model:NextDiT",), lumina2.apply, "Lumina2",
@@ -94,21 +94,21 @@ FAMILIES: tuple[Family, ...] = (
         "HunyuanVideo (T2V, custom I2V, image-to-video v2), HunyuanVideo 1.5 (ComfyUI 0.33), HunyuanImage 2.1",
         "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of `tile_frames` (default 4) frames x `tile_size` x `tile_size`). Text tokens (before or after the video, as each ComfyUI lays them out), the text mask and reference-latent tokens pass through unmerged.",
         "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
-        "HunyuanVideo", "double:5-18,single:5-37", video=True,
+        "HunyuanVideo", "double:5-19", video=True,
     ),
     Family(
         "wan", ("comfy.ldm.wan.model:WanModel",), wan.apply, "Wan",
         "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE; S2V runs unmerged",
-        "Replaces the dit blocks (`blocks:5-39` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
+        "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
         "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
-        "Wan", "blocks:5-39", video=True,
+        "Wan", "blocks:5-29", video=True,
     ),
     Family(
         "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), hidream.apply, "HiDream",
         "HiDream-I1 (Full, Dev, Fast)",
         "Object-patches each selected double/single stream block; text tokens pass through, merged tokens take their destinations' rope rows.",
         "`scope = block` only; no `proportional_attention`. Attention is ~9% of its block compute (MoE feed-forward): the gain is in the linear layers; merged tokens are routed on merged features. E1 edit calls run unmerged.",
-        "HiDream", "double:5-18,single:5-37",
+        "HiDream", "double:5-15,single:5-31",
     ),
 )
 
@@ -175,8 +175,8 @@ def node_models() -> str:
 
 
 def blocks_examples() -> str:
-    """"'double:5-18,single:5-37' (Flux, HunyuanVideo, HiDream), ...": one `blocks` example per
-    block layout, with the families that share it."""
+    """"'double:1-4,single:5-19' (Flux), ...": one `blocks` example per block layout, with the
+    families that share it; each is valid for every model of those families (tests/integration/test_blocks_examples.py)."""
     layouts: dict[str, list[str]] = {}
     for f in FAMILIES:
         layouts.setdefault(f.blocks_example, []).append(f.title)

@@ -89,7 +89,9 @@ def advanced_inputs() -> list:
     return [
         io.String.Input(
             "blocks", default="auto",
-            tooltip=f"Blocks that merge: 'auto' (recommended per model), 'all', or a list such as {blocks_examples()}.",
+            tooltip="Blocks that merge: 'auto' (recommended per model: the DiTs all but the first few blocks of each "
+            "stream, SDXL every transformer block, SD1.5 all but the 1/8-resolution middle), 'all', or a list "
+            f"such as {blocks_examples()}.",
         ),
         io.String.Input(
             "min_tokens", default=NODE_MIN_TOKENS, dynamic_prompts=False,

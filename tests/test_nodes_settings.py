@@ -105,6 +105,20 @@ def test_flux_blocks_errors(spec, words):
         assert word in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "spec, sizes, message",
+    [
+        ("blocks:5-39", {"blocks": 30}, "blocks range 5-39 is outside this model's blocks 0-29"),
+        ("double:5-18,single:5-37", {"double": 16, "single": 32}, "double range 5-18 is outside this model's double blocks 0-15"),
+        ("double:5-19,single:5-37", {"double": 54, "single": 0}, "single range 5-37 is outside this model's single blocks (it has none)"),
+    ],
+)
+def test_out_of_range_error_names_the_models_own_range(spec, sizes, message):
+    with pytest.raises(ValueError) as error:
+        flux_blocks.parse_dit_blocks(spec, sizes)
+    assert message in str(error.value)
+
+
 @pytest.mark.parametrize("value, parsed", [("auto", "auto"), (" AUTO ", "auto"), ("0", 0), (0, 0), ("4096", 4096), (4096, 4096)])
 def test_min_tokens_takes_auto_or_a_number_as_int_or_text(value, parsed):
     assert ToMASettings(min_tokens=value).min_tokens == parsed

@@ -91,9 +91,17 @@ def _indices(span: Span, group: str, size: int, spec: str) -> range:
     if span is None:
         return range(size)
     lo, hi = span
-    if lo > hi or hi >= size:
-        raise ValueError(f"blocks={spec!r}: {group} range {lo}-{hi} is outside 0-{size - 1} (this model's {group} blocks)")
+    if lo > hi:
+        raise ValueError(f"blocks={spec!r}: {group} range {lo}-{hi} must run from low to high")
+    if hi >= size:
+        raise ValueError(f"blocks={spec!r}: {group} range {lo}-{hi} is outside {_model_range(group, size)}")
     return range(lo, hi + 1)
+
+
+def _model_range(group: str, size: int) -> str:
+    """"this model's double blocks 0-18" (Wan's group is itself "blocks"), or that it has none."""
+    name = group if group == "blocks" else f"{group} blocks"
+    return f"this model's {name} 0-{size - 1}" if size else f"this model's {name} (it has none)"
 
 
 def _ranges(values: list[int]) -> str:

@@ -64,7 +64,7 @@ def test_refuses_what_it_cannot_honour(sd3: Any, toma: Any) -> None:
         fc.patch(toma, sd3, scope="attention")
     with pytest.raises(ValueError, match="proportional_attention=True"):
         fc.patch(toma, sd3, proportional_attention=True)
-    with pytest.raises(ValueError, match="double range 0-5 is outside 0-2"):
+    with pytest.raises(ValueError, match="double range 0-5 is outside this model.s double blocks 0-2"):
         fc.patch(toma, sd3, blocks="double:0-5")
 
 
