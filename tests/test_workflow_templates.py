@@ -7,6 +7,7 @@ workflows exist, so a new one (SDXL, ...) is covered the moment it is added.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,33 @@ def test_no_orphan_thumbnails():
     stems = {path.stem for path in WORKFLOWS}
     orphans = [jpg.name for jpg in EXAMPLES.glob("*.jpg") if jpg.stem not in stems]
     assert not orphans, f"thumbnails without a workflow: {orphans}"
+
+
+SAMPLER_WIDGETS = {"KSampler": {"steps": 2, "cfg": 3}, "KSamplerAdvanced": {"steps": 3, "cfg": 4}}
+"""Index of steps and cfg in the core samplers' widgets_values."""
+TOMA_WIDGETS = {"ratio": 0, "tile_size": 1, "start_percent": 2}
+"""Index of the settings a note quotes in the ToMA nodes' widgets_values (both nodes share the order)."""
+QUOTED = re.compile(r"--(cfg|steps|ratio|tile-size|start-percent) ([\d.]+)|\b(ratio|tile_size|start_percent) ([\d.]+)")
+
+
+def _quoted_settings(note: str) -> list[tuple[str, float]]:
+    """(setting, value) of each `--cfg 6` / `--steps 20` / `ratio 0.5` / `tile_size 4` a note quotes."""
+    return [((m.group(1) or m.group(3)).replace("-", "_"), float((m.group(2) or m.group(4)).rstrip(".")))
+            for m in QUOTED.finditer(note)]
+
+
+def _widget_values(workflow: dict, setting: str) -> set[float]:
+    """The values `setting` has on the workflow's samplers (cfg, steps) or ToMA nodes."""
+    if setting in TOMA_WIDGETS:
+        return {float(n["widgets_values"][TOMA_WIDGETS[setting]]) for n in workflow["nodes"] if n["type"] in PACK_NODES}
+    return {float(n["widgets_values"][SAMPLER_WIDGETS[n["type"]][setting]]) for n in workflow["nodes"] if n["type"] in SAMPLER_WIDGETS}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_notes_quote_the_workflows_own_settings(path):
+    """A template's note that quotes cfg, steps or a ToMA setting (a prediction's command, the
+    settings it describes) quotes the values the workflow's samplers and ToMA nodes run."""
+    workflow = check_workflow(path)
+    notes = [" ".join(map(str, n["widgets_values"])) for n in workflow["nodes"] if n["type"] in ("Note", "MarkdownNote")]
+    for setting, value in (q for note in notes for q in _quoted_settings(note)):
+        assert _widget_values(workflow, setting) == {value}, f"{path.name}: the note quotes {setting} {value:g}, the workflow runs {_widget_values(workflow, setting)}"
