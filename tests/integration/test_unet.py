@@ -496,3 +496,25 @@ def test_real_topology_sites_and_auto(comfy: Any, toma: Any, family: str, depth:
     assert len(chosen) == (70 if sdxl else 15)
     if sdxl:
         assert {s.block for s in sites if s.downsample == 4} == {("input", 7), ("input", 8), ("middle", 0), ("output", 0), ("output", 1), ("output", 2)}
+
+
+@pytest.mark.parametrize("name", ["tiny_sdxl", "tiny_sd15"])
+def test_cross_attention_context_reaches_attention_exactly(name: str, tiny: Any, toma: Any, request: pytest.FixtureRequest) -> None:
+    """Which rows merged: every BasicTransformerBlock's attn2 gets the text context's keys and
+    values exactly as unpatched, queried by the merged tokens of its attn1, whose queries, keys and
+    values are shortened (every block, blocks "all")."""
+    import family_checks as fc
+
+    model = request.getfixturevalue(name)
+    pos, neg = tiny.make_conditioning(model, 1234), tiny.make_conditioning(model, 1235)
+    plain = fc.attention_inputs(tiny, model, LATENT, pos, neg)
+    merged = fc.attention_inputs(tiny, patch(toma, model, blocks="all"), LATENT, pos, neg)
+    assert len(plain) == len(merged) and len(plain) % 2 == 0
+    shortened = 0
+    for (p_self, m_self), (p_cross, m_cross) in zip(zip(plain[::2], merged[::2]), zip(plain[1::2], merged[1::2])):
+        n, d = p_self[0].shape[1], m_self[0].shape[1]
+        assert p_self[1].shape[1] == n != TEXT and all(t.shape[1] == d for t in m_self)
+        shortened += d < n
+        assert p_cross[1].shape[1] == TEXT and p_cross[0].shape[1] == n and m_cross[0].shape[1] == d
+        assert torch.equal(m_cross[1], p_cross[1]) and torch.equal(m_cross[2], p_cross[2])
+    assert shortened == len(plain) // 2
