@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..harness.tiny_models import init_weights
+from ..harness.tiny_models import init_weights, tree_config
 from . import realsize_setup as rs
 
 
@@ -45,13 +45,14 @@ class Clock:
         return time.process_time() * 1000
 
 
-def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32) -> Any:
-    """The family's few-block model at the real width, random weights, in a ModelPatcher."""
+def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None) -> Any:
+    """The family's few-block model at the real width (or with the config `overrides`, e.g. a toy
+    width for a smoke run), random weights, in a ModelPatcher."""
     import comfy.model_patcher
     import comfy.supported_models
 
     fam = rs.family(name)
-    unet_config = fam.unet_config | fam.reduced
+    unet_config = tree_config(fam.unet_config | fam.reduced | (overrides or {}))
     config = getattr(comfy.supported_models, fam.config_class)(dict(unet_config))
     config.unet_config.update(unet_config)
     config.set_inference_dtype(dtype, None)
@@ -67,19 +68,29 @@ def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32) ->
     return comfy.model_patcher.ModelPatcher(model, load_device=dev, offload_device=dev)
 
 
-def conditioning(name: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The family's usual conditioning: text context of text_len tokens, pooled vector, guidance."""
+TEXT_DIM_KEYS = ("context_in_dim", "context_dim", "cap_feat_dim", "text_dim", "joint_attention_dim")
+"""Config keys holding the text encoder's width (Flux, UNet, Lumina2 / Z-Image, Wan, Qwen-Image)."""
+
+
+def conditioning(name: str, batch: int, device: str, dtype: torch.dtype, text_dim: int | None = None) -> dict[str, Any]:
+    """The family's usual conditioning: text context of text_len tokens (of the real text width, or
+    `text_dim`), pooled vector, guidance (Z-Image: the caption's token count, as
+    comfy.model_base.Lumina2.extra_conds passes it)."""
     fam = rs.family(name)
     gen = torch.Generator().manual_seed(1)
-    dims = {"flux": 4096, "sdxl": 2048, "sd15": 768, "sd35_large": 4096, "qwen_image": 3584,
+    dims = {"flux": 4096, "flux2": 15360, "zimage": 2560, "sdxl": 2048, "sd15": 768, "sd35_large": 4096, "qwen_image": 3584,
             "wan14b": 4096, "wan1.3b": 4096, "hunyuan_video": 4096}
-    out = {"c_crossattn": torch.randn((batch, fam.text_len, dims[name]), generator=gen)}
+    out = {"c_crossattn": torch.randn((batch, fam.text_len, text_dim or dims[name]), generator=gen)}
     pooled = {"flux": 768, "sdxl": 2816, "sd35_large": 2048, "hunyuan_video": 768}.get(name)
     if pooled:
         out["y"] = torch.randn((batch, pooled), generator=gen)
-    if name in ("flux", "hunyuan_video"):
+    if name in ("flux", "flux2", "hunyuan_video"):
         out["guidance"] = torch.full((batch,), 3.5)
-    return {k: v.to(device, dtype if v.is_floating_point() and k != "guidance" else v.dtype) for k, v in out.items()}
+    cond: dict[str, Any] = {k: v.to(device, dtype if v.is_floating_point() and k != "guidance" else v.dtype)
+                            for k, v in out.items()}
+    if name == "zimage":
+        cond["num_tokens"] = fam.text_len
+    return cond
 
 
 def latent(name: str, grid: rs.Grid, batch: int, device: str) -> torch.Tensor:
@@ -88,12 +99,13 @@ def latent(name: str, grid: rs.Grid, batch: int, device: str) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     channels = fam.unet_config.get("in_channels", fam.unet_config.get("in_dim", 16))
     channels = 16 if name == "qwen_image" else channels
+    patch = fam.unet_config.get("patch_size", 2)
     if fam.unet:
         shape = (batch, channels, grid.height, grid.width)
     elif fam.video or name == "qwen_image":
         shape = (batch, channels, grid.frames, 2 * grid.height, 2 * grid.width)
     else:
-        shape = (batch, channels, 2 * grid.height, 2 * grid.width)
+        shape = (batch, channels, patch * grid.height, patch * grid.width)
     return torch.randn(shape, generator=gen).to(device)
 
 
@@ -242,15 +254,18 @@ def width_of(name: str) -> int:
 
 
 def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds: int, device: str,
-          log: Callable[[str], None] = print, keep: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+          log: Callable[[str], None] = print, keep: Callable[[list[dict[str, Any]]], None] | None = None,
+          dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Time unmerged and merged calls of the few-block model on each grid, in turns; one record per
     grid and round (block runs, call ms, the plan ms taken out of the first merged block per level).
-    keep(records of a grid) is called after each grid (to cache them as they come)."""
+    keep(records of a grid) is called after each grid (to cache them as they come). dtype: weights
+    and compute; overrides: config keys replacing the real ones (build_reduced)."""
     import comfy.model_management
 
     clock = Clock(device)
-    base = build_reduced(name, device)
-    cond = conditioning(name, 1, device, torch.float32)
+    base = build_reduced(name, device, dtype, overrides)
+    text_dim = next((overrides[k] for k in TEXT_DIM_KEYS if k in (overrides or {})), None)
+    cond = conditioning(name, 1, device, dtype, text_dim)
     plain, merged = base.clone(), patch_all(base, ratio, tile_size)
     timers = {"unmerged": BlockTimer(clock), "merged": BlockTimer(clock)}
     install_timers(plain, name, timers["unmerged"])

@@ -26,6 +26,7 @@ import torch
 
 from ..harness import cli
 from ..harness.pack import pack_module
+from ..harness.tiny_models import tree_config
 
 def import_comfy(device: str = "cpu") -> Path:
     """Import ComfyUI (cpu mode unless `device` is not cpu) with attention through torch SDPA (what
@@ -94,6 +95,19 @@ _QWEN = {"image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "pa
          "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 3584, "axes_dims_rope": (16, 56, 56)}
 _WAN = {"image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
         "text_dim": 4096, "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+_FLUX2 = {"image_model": "flux2", "in_channels": 128, "out_channels": 128, "vec_in_dim": None, "context_in_dim": 15360,
+          "hidden_size": 6144, "mlp_ratio": 3.0, "num_heads": 48, "depth": 8, "depth_single_blocks": 48,
+          "axes_dim": [32, 32, 32, 32], "theta": 2000, "patch_size": 1, "qkv_bias": False, "guidance_embed": True,
+          "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
+          "ref_index_scale": 10.0, "txt_ids_dims": [3]}
+"""Flux.2-dev as comfy.model_detection reads it (the flux2 branch: global modulation, SiLU-gated MLP,
+no biases, 128 latent channels at patch 1)."""
+_ZIMAGE = {"image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 3840, "cap_feat_dim": 2560, "n_layers": 30,
+           "n_refiner_layers": 2, "qk_norm": True, "n_heads": 30, "n_kv_heads": 30, "axes_dims": [32, 48, 48],
+           "axes_lens": [1536, 512, 512], "rope_theta": 256.0, "ffn_dim_multiplier": 8.0 / 3.0, "z_image_modulation": True,
+           "time_scale": 1000.0, "pad_tokens_multiple": 32}
+"""Z-Image (Turbo) as comfy.model_detection reads it (the Lumina2 dim-3840 branch, caption and image
+padded with pad tokens to a multiple of 32)."""
 _HUNYUAN = {"image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768,
             "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 20,
             "depth_single_blocks": 40, "axes_dim": [16, 56, 56], "theta": 256, "patch_size": [1, 2, 2],
@@ -102,6 +116,9 @@ _HUNYUAN = {"image_model": "hunyuan_video", "in_channels": 16, "out_channels": 1
 FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
     RealFamily("flux", "Flux.1-dev", "Flux", _FLUX, {"depth": 1, "depth_single_blocks": 1}, 256, 20, "euler", "simple", 1.0,
                Sampling("flux")),
+    RealFamily("flux2", "Flux.2-dev", "Flux2", _FLUX2, {"depth": 1, "depth_single_blocks": 1}, 512, 28, "euler", "simple", 1.0),
+    RealFamily("zimage", "Z-Image Turbo", "ZImage", _ZIMAGE, {"n_layers": 1, "n_refiner_layers": 1}, 128, 8, "euler", "simple",
+               1.0),
     RealFamily("sdxl", "SDXL", "SDXL", _SDXL,
                {"transformer_depth": [0, 0, 1, 1, 1, 1], "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1],
                 "transformer_depth_middle": 1}, 77, 30, "euler", "normal", 7.0),
@@ -139,7 +156,7 @@ def meta_patcher(name: str, reduced: bool = False) -> Any:
     import comfy.supported_models
 
     fam = family(name)
-    unet_config = fam.unet_config | (fam.reduced if reduced else {})
+    unet_config = tree_config(fam.unet_config | (fam.reduced if reduced else {}))
     config = getattr(comfy.supported_models, fam.config_class)(dict(unet_config))
     config.unet_config.update(unet_config)
     model = config.get_model({}, device=torch.device("meta"))
@@ -197,6 +214,8 @@ def dit_kinds(name: str, reduced: bool = False) -> dict[str, int]:
         return {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     if hasattr(dm, "joint_blocks"):
         return {"joint": len(dm.joint_blocks) - 1, "joint_last": 1}
+    if hasattr(dm, "layers"):
+        return {"double": len(dm.layers)}
     if hasattr(dm, "transformer_blocks"):
         return {"double": len(dm.transformer_blocks)}
     return {"double": len(dm.blocks)}

@@ -1,0 +1,391 @@
+"""One-shot GPU check: real-size block timings in bf16, the cost model beside them, `min_tokens auto`'s
+decision at each size, and the trained fixtures' quality in bf16, written to one Markdown file.
+
+    python -m bench.speed.gpu_check --out bench/out/gpu_check.md              # on a GPU (about 8 minutes on one H200)
+    python -m bench.speed.gpu_check --tiny --device cpu --out /tmp/check.md   # toy widths on a CPU, seconds (CI)
+
+Sections of the file, each written as soon as it is done (a run cut short keeps what it finished):
+
+1. Timings: each family's few-block model at the real width (bench/speed/realsize_measure.probe:
+   ComfyUI's own class, one or two blocks of each kind, every non-block layer, random weights),
+   one model call as a sampler makes it, unmerged and merged through the pack's patch_model at the
+   node defaults' ratio and tile (nodes/settings.py NODE_RATIO, NODE_TILE_SIZE; video tiles span
+   NODE_TILE_FRAMES frames; blocks "all", every call merged, the plan built in the call), in turns,
+   in bf16 with torch SDPA. Beside the measured speed-up: the cost model's prediction for that same
+   model and call (nodes/cost_profile.py over toma_core/cost.py, on the run's device type).
+2. `min_tokens auto`: the full-size model (built on torch's meta device) patched as the ToMA Patch
+   node patches it (node defaults, min_tokens auto), and the decision its cost profile takes for
+   a call of each size (CostProfile.auto_veto) on "cuda" and on "cpu".
+3. Fixture quality: each trained fixture (fixtures/, bench/harness/trained.py and trained_video.py)
+   sampled in fp32 and in bf16, unpatched and at the ToMA Patch node's defaults (min_tokens 0, as
+   trained.patch_at_node_defaults says why); PSNR against the fp32 unpatched result.
+
+A family whose ComfyUI class this tree lacks (Flux.2 and Z-Image on ComfyUI 0.3.64) is skipped by
+name in every table. --tiny replaces the real widths by toy ones (TINY_OVERRIDES) and the sizes by
+small grids, and samples the fixtures for TINY_STEPS steps: the same code paths in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..harness import comfy_env
+from ..harness.metrics import psnr
+from ..harness.pack import pack_module
+from . import realsize_measure as measure
+from . import realsize_setup as rs
+
+log = logging.getLogger("bench.gpu_check")
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Size:
+    """One call size of a family: its label and token grid (F frames of h x w image tokens)."""
+
+    label: str
+    grid: rs.Grid
+
+
+def real_size(name: str, resolution: str, frames: int = 1) -> Size:
+    """The token grid of a `resolution` (realsize_setup.RESOLUTIONS) image or video of `frames` frames."""
+    width, height = rs.RESOLUTIONS[resolution]
+    label = f"{resolution} x {frames} frames" if rs.family(name).video else f"{resolution} px"
+    return Size(label, rs.grid_for(name, width, height, frames))
+
+
+FAMILIES = ("flux", "flux2", "sdxl", "zimage", "wan1.3b", "wan14b")
+"""The families checked, in the order they run (realsize_setup.FAMILIES names)."""
+
+REAL_SIZES: dict[str, list[tuple[str, int]]] = {
+    "flux": [("512", 1), ("1024", 1), ("2048", 1)],
+    "flux2": [("512", 1), ("1024", 1), ("2048", 1)],
+    "sdxl": [("512", 1), ("1024", 1), ("2048", 1)],
+    "zimage": [("512", 1), ("1024", 1), ("2048", 1)],
+    "wan1.3b": [("480p", 33), ("480p", 81)],
+    "wan14b": [("480p", 33), ("480p", 81), ("720p", 81)],
+}
+"""(resolution, frames) of the calls timed and decided per family."""
+
+TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "flux": {"hidden_size": 64, "num_heads": 2, "axes_dim": [8, 12, 12], "context_in_dim": 32},
+    "flux2": {"hidden_size": 128, "num_heads": 2, "axes_dim": [16, 16, 16, 16], "context_in_dim": 32},
+    "sdxl": {"model_channels": 32, "num_head_channels": 16, "context_dim": 32},
+    "zimage": {"dim": 256, "n_heads": 2, "n_kv_heads": 2, "cap_feat_dim": 32},
+    "wan1.3b": {"dim": 64, "ffn_dim": 128, "num_heads": 2, "text_dim": 32},
+    "wan14b": {"dim": 64, "ffn_dim": 128, "num_heads": 2, "text_dim": 32},
+}
+"""--tiny: toy widths of the same classes, text of width 32 (Z-Image: width 256, the least its
+z_image_modulation takes, 2 heads of its real 128 rope width)."""
+
+TINY_SIZES: dict[str, rs.Grid] = {"flux": rs.Grid(8, 8), "flux2": rs.Grid(8, 8), "sdxl": rs.Grid(16, 16),
+                                  "zimage": rs.Grid(8, 8), "wan1.3b": rs.Grid(8, 8, 2), "wan14b": rs.Grid(8, 8, 2)}
+
+TINY_STEPS = 2
+"""--tiny: sampler steps of each fixture run (the fixtures' own count otherwise)."""
+
+ROUNDS = 3
+"""Unmerged / merged call pairs timed per size (the median is reported); 1 with --tiny."""
+
+
+def sizes(name: str, tiny: bool) -> list[Size]:
+    if tiny:
+        grid = TINY_SIZES[name]
+        return [Size(f"tiny {grid.frames}x{grid.height}x{grid.width}", grid)]
+    return [real_size(name, resolution, frames) for resolution, frames in REAL_SIZES[name]]
+
+
+def missing_class(name: str) -> str | None:
+    """Why this ComfyUI cannot build `name` (its comfy.supported_models class is absent), or None."""
+    import comfy.supported_models
+
+    cls = rs.family(name).config_class
+    if hasattr(comfy.supported_models, cls):
+        return None
+    return f"{rs.family(name).title} skipped: ComfyUI {comfy_version()} has no comfy.supported_models.{cls}"
+
+
+def comfy_version() -> str:
+    root = comfy_env.find_comfy_root()
+    return comfy_env.comfy_version(root) if root is not None else "?"
+
+
+def node_settings(min_tokens: int | str) -> Any:
+    """The ToMA Patch node's settings (nodes/settings.py defaults) with `min_tokens`."""
+    settings = pack_module("nodes.settings")
+    schedule = pack_module("toma_core").MergeSchedule(start_percent=settings.NODE_START_PERCENT)
+    return settings.ToMASettings(ratio=settings.NODE_RATIO, tile_size=settings.NODE_TILE_SIZE, schedule=schedule,
+                                 min_tokens=min_tokens)
+
+
+def cost_profile(patcher: Any, settings: Any) -> Any:
+    """The CostProfile the pack's patch_model builds for `patcher` with `settings`."""
+    patched = pack_module("nodes.patching").patch_model(patcher, settings)
+    return patched.model_options["transformer_options"][pack_module("nodes.settings").TOMA_KEY].config.cost
+
+
+def meta_patcher(name: str, overrides: dict[str, Any]) -> Any:
+    """The few-block model of measure.build_reduced (with `overrides`) on the meta device, for its cost profile."""
+    return measure.build_reduced(name, "meta", overrides=overrides) if overrides else rs.meta_patcher(name, reduced=True)
+
+
+def others(name: str) -> int:
+    """Text tokens of the family's usual prompt (cost_profile drops them where text is cross-attention)."""
+    return rs.family(name).text_len
+
+
+# ------------------------------------------------------------------------------ 1. timings
+
+
+def timing_rows(name: str, tiny: bool, device: str, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """Measured and predicted speed-up of one call per size (module docstring, section 1)."""
+    settings = pack_module("nodes.settings")
+    ratio, tile = settings.NODE_RATIO, settings.NODE_TILE_SIZE
+    overrides = TINY_OVERRIDES[name] if tiny else {}
+    chosen = sizes(name, tiny)
+    records = measure.probe(name, [s.grid for s in chosen], ratio, tile, 1 if tiny else ROUNDS, device, log=log.info,
+                            dtype=dtype, overrides=overrides)
+    probe_settings = settings.ToMASettings(ratio=ratio, tile_size=tile, blocks="all")
+    profile = cost_profile(meta_patcher(name, overrides), probe_settings)
+    rows = []
+    for size in chosen:
+        mine = [r for r in records if r["grid"] == [size.grid.frames, size.grid.height, size.grid.width]]
+        unmerged = statistics.median(r["unmerged"]["call_ms"] for r in mine)
+        merged = statistics.median(r["merged"]["call_ms"] for r in mine)
+        plan = statistics.median(sum(r["plan_ms"].values()) for r in mine)
+        rows.append({"family": name, "size": size.label, "tokens": size.grid.tokens, "unmerged_ms": unmerged,
+                     "merged_ms": merged, "plan_ms": plan, "measured": unmerged / merged,
+                     "predicted": profile.speedup(size.grid.tokens, others(name), device.split(":")[0], 1)})
+    return rows
+
+
+def timing_table(rows: list[dict[str, Any]], skipped: list[str], device: str, dtype: str) -> str:
+    lines = [f"## Block timings ({dtype}, torch SDPA, {device})", "",
+             "One call of the few-block model at the real width (realsize_measure.probe), unmerged and merged at the "
+             "node defaults' ratio and tile on every block; median of the rounds. \"predicted\": the cost model "
+             "(nodes/cost_profile.py) for that model and call.", "",
+             "| family | size | image tokens N | unmerged ms | merged ms | plan ms | measured | predicted |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['size']} | {r['tokens']:,} | {r['unmerged_ms']:.2f} | {r['merged_ms']:.2f} | "
+                     f"{r['plan_ms']:.2f} | {r['measured']:.2f}x | {r['predicted']:.2f}x |")
+    return "\n".join(lines + [f"\n{s}" for s in skipped]) + "\n"
+
+
+# ------------------------------------------------------------------------------ 2. auto
+
+
+def auto_rows(name: str) -> list[dict[str, Any]]:
+    """auto's decision for the full-size model at each real size, on cuda and on cpu."""
+    contract = pack_module("nodes.contract")
+    profile = cost_profile(rs.meta_patcher(name), node_settings("auto"))
+    batch = rs.calls_per_evaluation(name)
+    rows = []
+    for size in sizes(name, tiny=False):
+        g = size.grid
+        geometry = contract.CallGeometry(g.height, g.width, text_len=others(name), frames=g.frames)
+        row: dict[str, Any] = {"family": name, "size": size.label, "tokens": g.tokens, "batch": batch}
+        for device in ("cuda", "cpu"):
+            row[device] = (profile.speedup(g.tokens, others(name), device, batch),
+                           "unmerged" if profile.auto_veto(geometry, device, batch) else "merge")
+        rows.append(row)
+    return rows
+
+
+def auto_table(rows: list[dict[str, Any]], skipped: list[str]) -> str:
+    floor = pack_module("nodes.cost_profile").AUTO_MIN_SPEEDUP
+    lines = ["## min_tokens auto", "",
+             f"The full-size model patched at the node defaults (min_tokens auto); a call merges when its predicted "
+             f"speed-up is at least {floor:g}x (nodes/cost_profile.py).", "",
+             "| family | size | image tokens N | batch | predicted (cuda) | auto (cuda) | predicted (cpu) | auto (cpu) |",
+             "|---|---|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['size']} | {r['tokens']:,} | {r['batch']} | {r['cuda'][0]:.2f}x | {r['cuda'][1]} | "
+                     f"{r['cpu'][0]:.2f}x | {r['cpu'][1]} |")
+    return "\n".join(lines + [f"\n{s}" for s in skipped]) + "\n"
+
+
+# ------------------------------------------------------------------------------ 3. fixtures
+
+
+def on_device(patcher: Any, device: str) -> Any:
+    """`patcher`'s model in a ModelPatcher that the sampler loads onto `device`."""
+    import comfy.model_patcher
+
+    if device == "cpu":
+        return patcher
+    return comfy.model_patcher.ModelPatcher(patcher.model, load_device=torch.device(device),
+                                            offload_device=torch.device("cpu"))
+
+
+def image_sampler(family: str, steps: int | None) -> Callable[[Any], torch.Tensor]:
+    """model -> the decoded (3, H, W) image of the fixture's run (its own steps, or `steps`)."""
+    import comfy.sample
+
+    from ..harness import trained
+
+    positive, negative = trained.conditioning(family)
+    s = dict(trained.SAMPLER[family]) | ({"steps": steps} if steps else {})
+    empty = torch.zeros(trained.latent_shape(family))
+
+    def sample(model: Any) -> torch.Tensor:
+        noise = comfy.sample.prepare_noise(empty, 0)
+        out = comfy.sample.sample(model, noise, s["steps"], s["cfg"], s["sampler_name"], s["scheduler"], positive,
+                                  negative, empty, seed=0, disable_pbar=True)
+        return trained.decode(family, out.float().cpu())[0]
+
+    return sample
+
+
+def video_sampler(steps: int | None) -> Callable[[Any], torch.Tensor]:
+    """model -> the decoded (3, F, H, W) clip of the Wan fixture's run (its own steps, or `steps`)."""
+    import comfy.sample
+
+    from ..harness import trained_video as tv
+
+    positive, negative = tv.conditioning()
+    s = dict(tv.SAMPLER) | ({"steps": steps} if steps else {})
+    empty = torch.zeros(tv.latent_shape())
+
+    def sample(model: Any) -> torch.Tensor:
+        noise = comfy.sample.prepare_noise(empty, 0)
+        out = comfy.sample.sample(model, noise, s["steps"], s["cfg"], s["sampler_name"], s["scheduler"], positive,
+                                  negative, empty, seed=0, disable_pbar=True)
+        return tv.decode(out.float().cpu())[0]
+
+    return sample
+
+
+def fixture_row(fixture: str, steps: int | None, device: str, dtype: torch.dtype) -> dict[str, Any]:
+    """PSNR (dB) against the fp32 unpatched result: `dtype` unpatched, fp32 and `dtype` at the node defaults."""
+    from ..harness import trained, trained_video
+
+    if fixture == "wan":
+        sample, load = video_sampler(steps), trained_video.load_model
+    else:
+        sample, load = image_sampler(fixture, steps), (lambda dt, f=fixture: trained.load_model(f, dt))
+    full, low = on_device(load(torch.float32), device), on_device(load(dtype), device)
+    reference = sample(full)
+    results = {"unpatched": sample(low), "ToMA fp32": sample(trained.patch_at_node_defaults(full)),
+               "ToMA low": sample(trained.patch_at_node_defaults(low))}
+    return {"fixture": fixture, "steps": steps or "own"} | {k: psnr(reference, v) for k, v in results.items()}
+
+
+def fixture_table(rows: list[dict[str, Any]], skipped: list[str], dtype: str) -> str:
+    lines = ["## Fixture quality", "",
+             f"PSNR against the fixture's fp32 unpatched result (same seed); ToMA at the ToMA Patch node's defaults, "
+             f"min_tokens 0.", "",
+             f"| fixture | steps | {dtype} unpatched | fp32 ToMA | {dtype} ToMA |", "|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['fixture']} | {r['steps']} | {r['unpatched']:.1f} dB | {r['ToMA fp32']:.1f} dB | "
+                     f"{r['ToMA low']:.1f} dB |")
+    return "\n".join(lines + [f"\n{s}" for s in skipped]) + "\n"
+
+
+def fixtures() -> tuple[list[str], list[str]]:
+    """(fixtures present, lines saying which are missing)."""
+    from ..harness import trained, trained_video
+
+    present = [*trained.available(), *(["wan"] if trained_video.available() else [])]
+    missing = [f"{name}: skipped, fixtures/{name}.safetensors missing" for name in (*trained.FAMILIES, "wan")
+               if name not in present]
+    return present, missing
+
+
+# ------------------------------------------------------------------------------ run
+
+
+class Report:
+    """The output file, rewritten whole after each section so a run cut short keeps what it finished."""
+
+    def __init__(self, path: Path, header: str) -> None:
+        self.path, self.sections = path, [header]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.write()
+
+    def add(self, text: str) -> None:
+        self.sections.append(text)
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text("\n".join(self.sections))
+
+
+def each_family(names: Iterable[str], run: Callable[[str], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """run(name) for every family this ComfyUI has; the others as skip lines."""
+    rows, skipped = [], []
+    for name in names:
+        why = missing_class(name)
+        if why:
+            skipped.append(why)
+            log.info(why)
+            continue
+        start = time.perf_counter()
+        rows += run(name)
+        log.info("%s: %.1f s", name, time.perf_counter() - start)
+    return rows, skipped
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("bench/out/gpu_check.md"))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--tiny", action="store_true", help="toy widths, small grids, short fixture runs (CPU smoke run)")
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--fixtures", nargs="*", default=None, help="fixtures to sample (default: every one present)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default; --tiny: 1)")
+    return p.parse_args(argv)
+
+
+def header(args: argparse.Namespace) -> str:
+    device = args.device + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.startswith("cuda") else "")
+    tiny = ", --tiny (toy widths: no figure here is a real-size one)" if args.tiny else ""
+    return f"# ToMA GPU check\n\nComfyUI {comfy_version()}, torch {torch.__version__}, device {device}, {args.dtype}{tiny}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    threads = args.threads or (1 if args.tiny else 0)
+    if threads:
+        torch.set_num_threads(threads)
+    rs.import_comfy(args.device)
+    dtype = DTYPES[args.dtype]
+    start = time.perf_counter()
+    report = Report(args.out, header(args))
+    rows, skipped = each_family(args.families, lambda name: timing_rows(name, args.tiny, args.device, dtype))
+    report.add(timing_table(rows, skipped, args.device, args.dtype))
+    rows, skipped = each_family(args.families, auto_rows)
+    report.add(auto_table(rows, skipped))
+    present, missing = fixtures()
+    chosen = present if args.fixtures is None else [f for f in args.fixtures if f in present]
+    steps = TINY_STEPS if args.tiny else None
+    rows, failed = [], []
+    for fixture in chosen:
+        try:
+            rows.append(fixture_row(fixture, steps, args.device, dtype))
+        except RuntimeError as error:  # a fixture this ComfyUI cannot load (state-dict keys): said, the check goes on
+            failed.append(f"{fixture}: failed on ComfyUI {comfy_version()}: {str(error).splitlines()[0]}")
+            log.error("fixture %s: %s", fixture, error)
+            continue
+        log.info("fixture %s: %s", fixture, rows[-1])
+    report.add(fixture_table(rows, missing + failed, args.dtype))
+    report.add(f"Total {time.perf_counter() - start:.0f} s.\n")
+    log.info("wrote %s", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

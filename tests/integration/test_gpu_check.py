@@ -1,0 +1,94 @@
+"""The one-shot GPU check (bench/speed/gpu_check.py) runs end to end at toy sizes on the CPU, so its
+first run on a lent GPU cannot stop on a code error: every family this ComfyUI has gets its timing
+and `min_tokens auto` rows, a family whose class it lacks is skipped by name, and the fixtures
+sampled get their quality row."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.speed import gpu_check
+from bench.speed import realsize_setup as rs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FIXTURES = ("sd15", "wan")
+"""The two smallest fixtures: one image (trained.py) and the video one (trained_video.py)."""
+
+
+@pytest.fixture(scope="module")
+def report(comfy: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.md"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.speed.gpu_check", "--tiny", "--device", "cpu", "--out", str(out), "--fixtures", *FIXTURES],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out.read_text()
+
+
+def section(text: str, heading: str) -> str:
+    start = text.index(f"## {heading}")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def rows(text: str, first: str) -> list[list[str]]:
+    """Table rows of `text` whose first cell is `first`, as lists of cells."""
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+    return [c for c in cells if c[0] == first]
+
+
+def ratio(cell: str) -> float:
+    return float(cell.removesuffix("x"))
+
+
+def present(name: str) -> bool:
+    import comfy.supported_models
+
+    return hasattr(comfy.supported_models, rs.family(name).config_class)
+
+
+def test_every_family_is_timed_or_skipped_by_name(report: str) -> None:
+    timings = section(report, "Block timings")
+    for name in gpu_check.FAMILIES:
+        found = rows(timings, name)
+        if present(name):
+            assert len(found) == 1, f"{name}: no timing row"
+            unmerged, merged, measured, predicted = float(found[0][3]), float(found[0][4]), ratio(found[0][6]), ratio(found[0][7])
+            assert unmerged > 0 and merged > 0 and measured == pytest.approx(unmerged / merged, rel=0.01)
+            assert math.isfinite(predicted) and predicted > 0
+        else:
+            assert not found
+            assert f"has no comfy.supported_models.{rs.family(name).config_class}" in timings
+
+
+def test_auto_decides_every_real_size(report: str) -> None:
+    auto = section(report, "min_tokens auto")
+    for name in gpu_check.FAMILIES:
+        found = rows(auto, name)
+        if not present(name):
+            assert not found and f"has no comfy.supported_models.{rs.family(name).config_class}" in auto
+            continue
+        assert [r[1] for r in found] == [s.label for s in gpu_check.sizes(name, tiny=False)]
+        floor = rs.pack_module("nodes.cost_profile").AUTO_MIN_SPEEDUP
+        for r in found:
+            for predicted, decision in ((ratio(r[4]), r[5]), (ratio(r[6]), r[7])):
+                assert decision in ("merge", "unmerged") and predicted > 0, r
+                if abs(predicted - floor) > 0.01:  # the table rounds to 0.01
+                    assert decision == ("merge" if predicted > floor else "unmerged"), r
+
+
+def test_fixture_quality_rows(report: str) -> None:
+    quality = section(report, "Fixture quality")
+    for fixture in FIXTURES:
+        found = rows(quality, fixture)
+        assert len(found) == 1, f"{fixture}: no quality row"
+        values = [float(c.removesuffix(" dB")) for c in found[0][2:]]
+        assert all(math.isfinite(v) and v > 10 for v in values), found
+    assert report.rstrip().endswith("s.") and "Total" in report
