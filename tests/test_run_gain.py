@@ -126,10 +126,12 @@ def test_slower_merged_calls_warn_and_name_the_widget(caplog, min_tokens, widget
 def test_cuda_calls_are_timed_with_events_read_at_the_end():
     timer = timing.CallTimer(lambda: pytest.fail("the CPU clock timed a CUDA call"))
     x = torch.randn(256, 256, device="cuda")
-    for merged in (False, True):
+    for merged in (False, True, True):
         start = timer.start(x)
         (x @ x).sum()
         timer.stop(start, (1, 256, 0), merged)
+    torch.cuda.current_stream().synchronize()  # auto reads only finished events: let them finish
+    assert timer.finished_ratio((1, 256, 0)) > 0
     assert all(c.seconds > 0 for c in timer.calls())
 
 

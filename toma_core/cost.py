@@ -92,20 +92,27 @@ MERGE_OPS = 12
 PLAN_OPS = 40
 """Launches of one plan besides the greedy's iterations: features, tile similarities, the assignment."""
 
-GREEDY = 100.0
+GREEDY = 75.0
 """Flop-equivalents per similarity entry and greedy iteration of facility location (toma_core/facility.py:
 each of its k iterations reads the (G, n, n) tile similarities a few times, memory-bound); fitted to PLAN_CALIBRATION."""
 
 PLAN_CALIBRATION = (
-    {"tile": 4, "frames": 1, "ms": 22.2}, {"tile": 4, "frames": 2, "ms": 18.1}, {"tile": 4, "frames": 4, "ms": 30.1},
-    {"tile": 8, "frames": 1, "ms": 42.2}, {"tile": 8, "frames": 2, "ms": 94.2}, {"tile": 8, "frames": 4, "ms": 449.2},
-    {"tile": 16, "frames": 1, "ms": 453.2}, {"tile": 16, "frames": 2, "ms": 2224.5}, {"tile": 16, "frames": 4, "ms": 7467.0},
+    {"grid": (4, 20, 21), "tile": 4, "frames": 1, "ms": 22.2}, {"grid": (4, 20, 21), "tile": 4, "frames": 2, "ms": 18.1},
+    {"grid": (4, 20, 21), "tile": 4, "frames": 4, "ms": 30.1}, {"grid": (4, 20, 21), "tile": 8, "frames": 1, "ms": 42.2},
+    {"grid": (4, 20, 21), "tile": 8, "frames": 2, "ms": 94.2}, {"grid": (4, 20, 21), "tile": 8, "frames": 4, "ms": 449.2},
+    {"grid": (4, 20, 21), "tile": 16, "frames": 1, "ms": 453.2}, {"grid": (4, 20, 21), "tile": 16, "frames": 2, "ms": 2224.5},
+    {"grid": (4, 20, 21), "tile": 16, "frames": 4, "ms": 7467.0},
+    {"grid": (4, 16, 24), "tile": 4, "frames": 1, "ms": 11.7}, {"grid": (4, 16, 24), "tile": 4, "frames": 2, "ms": 14.6},
+    {"grid": (4, 16, 24), "tile": 4, "frames": 4, "ms": 26.2}, {"grid": (4, 16, 24), "tile": 8, "frames": 1, "ms": 22.7},
+    {"grid": (4, 16, 24), "tile": 8, "frames": 2, "ms": 57.7}, {"grid": (4, 16, 24), "tile": 8, "frames": 4, "ms": 284.4},
+    {"grid": (4, 16, 24), "tile": 16, "frames": 1, "ms": 522.7},
 )
-"""Measured ms of one plan (toma_core.make_plan, ratio 0.5) on N 1680 tokens (4 frames of 20 x 21) of
-width 256, at tile_size x tile_size x tile frames: `OMP_NUM_THREADS=1 python -m bench.speed.plan_cost`,
-process CPU clock, fastest of 3 (spread 1.3-2.5x on a shared 2-core machine). plan_flops is within a
-factor 2 of each over this 340-fold range; tiles 16 pad the 20 x 21 grid to 32 x 32, which the model
-does not count (its low side)."""
+"""Measured ms of one plan (toma_core.make_plan, ratio 0.5, width 256) on a grid of frames x height x
+width tokens, at tile_size x tile_size x tile frames: `OMP_NUM_THREADS=1 python -m bench.speed.plan_cost
+--frames F --height H --width W`, process CPU clock, fastest of 3, on a shared 2-core machine (spread
+1.1-2.5x between repeats, wall / CPU 2-4). plan_flops is within a factor 2.5 of each over this
+600-fold range. Tiles that do not divide the grid are padded (20 x 21 by tile 16 to 32 x 32), which
+the model does not count: its low side."""
 
 GREEDY_OPS = 16
 """Launches of one greedy iteration (gain, argmax with ties, pick, coverage update), batched over the tiles."""

@@ -1,11 +1,11 @@
 """Times one merge plan (toma_core.make_plan, facility location, ToMA §3.2) at tile 4 / 8 / 16 and
-1 / 2 / 4 tile frames, and fits the plan terms of toma_core/cost.py to them.
+1 / 2 / 4 tile frames, beside the plan term of toma_core/cost.py (plan_flops) in ms; the figures are
+toma_core.cost.PLAN_CALIBRATION, which GREEDY and PLAN_MOVES are fitted to.
 
 The greedy (toma_core/facility.py) runs k = round(n (1 - ratio)) iterations, batched over the tiles;
 each reads the (G, n, n) similarities, G n = N tokens: its work is k N n element passes, about
-(1 - ratio) N n^2, and its launches k times a few ops. The fit: ms = launch * (PLAN_OPS + GREEDY_OPS k)
-+ element * GREEDY k N n, printed as cost.py's GREEDY (flop-equivalents per element and iteration)
-against the CPU rate LAUNCH["cpu"] / 7 us.
+(1 - ratio) N n^2, and its launches k times a few ops (cost.GREEDY, cost.GREEDY_OPS). The model's
+flop-equivalents are turned into ms at LAUNCH["cpu"] per LAUNCH_SECONDS_CPU.
 
 Times: process CPU clock, one thread (`OMP_NUM_THREADS=1`; waiting for a shared core does not
 count), the fastest of `--repeats`; the spread (slowest / fastest) and the wall / CPU ratio say how
