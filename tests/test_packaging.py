@@ -192,7 +192,7 @@ def test_comfy_cli_packs_the_same_files(tmp_path):
 def test_readme_states_the_ci_test_command():
     """.ci/run runs the test command written in README.md: the line after its marker comment."""
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    marker = next(i for i, line in enumerate(script) if line.startswith("# The test command, as written in README.md"))
+    marker = next(i for i, line in enumerate(script) if line.strip().startswith("# The test command, as written in README.md"))
     command = script[marker + 1].strip()
     assert command.startswith("python -m pytest")
     assert command in (ROOT / "README.md").read_text(encoding="utf-8")
