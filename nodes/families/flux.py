@@ -19,9 +19,11 @@ concatenated tensor and keeps its own merged tokens for the delta.
 
 Reference tokens at timestep zero (reference method "index_timestep_zero" of
 comfy.ldm.flux.model.Flux): the block modulates spans of its tokens differently, and ComfyUI hands
-it those spans over the full sequence outside the replace args. A merged block then runs the real
-block with the spans moved to the merged rows (`span_modulated`), so every token keeps its own
-modulation.
+it those spans over the full sequence as a keyword of the block's forward, outside the replace
+args. A merged run of such a block carries its row move in a copy of transformer_options (which
+ComfyUI's wrapper passes on to the block), and an object patch of each selected block's forward
+(machinery/spans.py `span_forward`) moves the spans to the merged rows, so every token keeps its
+own modulation; spans it cannot move run the block unmerged, with the layout reason.
 
 With scope "attention", double blocks merge only their attention (flux_attention.py) and
 single blocks merge whole, as the reference ToMA Flux code does.
@@ -36,12 +38,13 @@ from functools import partial
 import torch
 
 from ...toma_core import MergePlan
-from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
+from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import install_dit_hooks
+from ..machinery.hooks import install_dit_hooks, install_forward_patches
 from ..machinery.merge import add_key_bias, features, merge_mask, merge_rows, merge_span, unmerge_span
 from ..machinery.skeleton import run_hook
+from ..machinery.spans import RowMove, moved_keyword, span_forward, unless_cut, with_move
 from ..runtime import CallContext
 from ..settings import ToMASettings
 from .flux_attention import attention_options
@@ -57,17 +60,28 @@ SPAN_KEYWORDS = {"double": "modulation_dims_img", "single": "modulation_dims"}
 """The keyword argument of comfy.ldm.flux.layers.DoubleStreamBlock / SingleStreamBlock that holds
 the modulation spans [(first row, end row, modulation index)] over the rows of args["img"]."""
 
+SPANS = "per-span modulation"
+"""What the layout reasons of spans that cannot follow the merge name; CUT: the one of a boundary
+inside the image rows, the same for every block (their boundaries differ by the text length)."""
+CUT = "{name} whose spans cut the image rows"
+
 
 def apply(model, settings: ToMASettings) -> DitAdapter:
     """Install the block hooks on `model` (a ModelPatcher clone); return the runtime adapter.
 
     Earlier ToMA hooks are replaced; a replacement another pack put on the same key stays
-    outermost and ToMA merges only around the real block.
+    outermost and ToMA merges only around the real block. The selected blocks' forwards move the
+    modulation spans of a merged run (SPAN_KEYWORDS).
     """
     dm = model.get_model_object("diffusion_model")
     sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
     install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
+    paths = {f"{group}_blocks.{i}": (group, blocks.selects(group, i)) for group, count in sizes.items() for i in range(count)}
+    install_forward_patches(
+        model, {path: selected for path, (_, selected) in paths.items()},
+        lambda path, foreign: span_forward(dm.get_submodule(path), foreign, partial(moved_keyword, keyword=SPAN_KEYWORDS[paths[path][0]], name=SPANS, cut=CUT)),
+    )
     return DitAdapter("flux", blocks.describe(), blocks.count, int(getattr(dm, "patch_size", 2)))
 
 
@@ -81,7 +95,7 @@ def merged_double(args: dict, extra: dict, block: Block) -> dict:
             return TOKENS_DIFFER
         if ctx.settings.scope == "attention":
             return _merged_attention(args, block, ctx, text_len, text_len + img.shape[1])
-        return _merged_block(args, block, ctx, "double", 0, text_len, text_len + img.shape[1])
+        return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
 
     return run_hook(args, extra, lambda: block(args), merged)
 
@@ -95,28 +109,32 @@ def merged_single(args: dict, extra: dict, block: Block) -> dict:
         text_len = seq.shape[1] - g.tokens - g.extra_tokens
         if text_len < 0:
             return TOKENS_DIFFER
-        return _merged_block(args, block, ctx, "single", text_len, text_len, seq.shape[1])
+        return _merged_block(args, block, ctx, text_len, text_len, seq.shape[1])
 
     return run_hook(args, extra, lambda: block(args), merged)
 
 
-def _merged_block(args: dict, block: Block, ctx: CallContext, group: str, start: int, text_len: int, length: int) -> dict | Unmerged:
-    """Run `block` (of `group`, "double" or "single") on merged image tokens and unmerge its output.
+def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_len: int, length: int) -> dict | Unmerged:
+    """Run `block` (a double or single block) on merged image tokens and unmerge its output.
 
     The N image tokens sit at [start, start+N) of args img and at [text_len, text_len+N) of the
     block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows).
-    A mask of another layout, or modulation spans that cannot follow the merge, run the block unmerged.
+    A mask of another layout, or modulation spans that cannot follow the merge (spans.SpansCut,
+    raised by the block's forward patch before it runs), run the block unmerged.
     """
     seq, n = args["img"], ctx.geometry.tokens
     prepared = _plan_and_mask(args, ctx, seq[:, start:start + n], text_len, length)
     if isinstance(prepared, Unmerged):
         return prepared
     plan, mask = prepared
-    run = span_modulated(block, args, group, start, n, plan.num_kept)
-    if isinstance(run, Unmerged):
-        return run
+    options = args.get("transformer_options")
+    if per_span_modulation(args["vec"], seq.shape[0]):
+        options = with_move(options, RowMove.of(plan, start))
     x, x_m, seq_m = merge_span(seq, start, n, plan)
-    out = run(dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask))
+    merged = dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask, transformer_options=options)
+    out = unless_cut(lambda: block(merged))
+    if isinstance(out, Unmerged):
+        return out
     return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))
 
 
@@ -142,85 +160,16 @@ def _plan_and_mask(args: dict, ctx: CallContext, image: torch.Tensor, text_len: 
     return plan, add_key_bias(mask, bias, text_len, length - g.tokens + plan.num_kept, image.dtype)
 
 
-def span_modulated(block: Block, args: dict, group: str, start: int, n: int, kept: int) -> Block | Unmerged:
-    """`block`, or when its tokens' modulation differs by span, the real block with the spans moved.
-
-    comfy.ldm.flux.model.Flux.forward_orig with reference method "index_timestep_zero" modulates
-    the reference tokens with timestep zero: the vec the block receives holds two modulations, and
-    the spans [(first, end, modulation index)] over args["img"]'s full rows reach the block as
-    keyword arguments of ComfyUI's wrapper `original_block` (its `extra_kwargs`, read from its
-    closure; comfy.ldm.flux.layers.apply_mod applies them), not through args. Merged rows under
-    those spans would give reference rows the image's modulation, so the real block (the wrapper's
-    `block`) runs with the spans moved: the N image rows at `start` become `kept` rows. Spans that
-    cannot be read, or that start or end inside the image rows, run the block unmerged.
-    """
-    if not per_span_modulation(args["vec"], args["img"].shape[0]):
-        return block
-    keyword = SPAN_KEYWORDS[group]
-    wrapped = closure(block)
-    module, extra = wrapped.get("block"), wrapped.get("extra_kwargs")
-    if not isinstance(module, torch.nn.Module) or not isinstance(extra, dict) or set(extra) != {keyword}:
-        return layout_changed("per-span modulation (reference tokens at timestep zero) whose spans ToMA cannot read")
-    spans = moved_spans(extra[keyword], start, n, kept)
-    if spans is None:
-        return layout_changed(f"{keyword} {extra[keyword]} cuts the image rows")
-    return partial(_CALLS[group], module, {keyword: spans})
-
-
 def per_span_modulation(vec, batch: int) -> bool:
     """Whether a block's `vec` modulates spans of its tokens differently: a tensor with more rows than
     the tokens' `batch` (comfy.ldm.flux.model.Flux doubles the timesteps), or a global modulation
-    (comfy.ldm.flux.layers.ModulationOut, tuples of them) with more than one row on axis 1."""
+    (comfy.ldm.flux.layers.ModulationOut, tuples of them) with more than one row on axis 1. The
+    block then receives the spans [(first, end, modulation index)] over args["img"]'s rows as its
+    SPAN_KEYWORDS keyword (comfy.ldm.flux.layers.apply_mod applies them): a merged run has its
+    forward patch move them."""
     if isinstance(vec, torch.Tensor):
         return vec.shape[0] > batch
     if isinstance(vec, (tuple, list)):
         return any(per_span_modulation(v, batch) for v in vec)
     shift = getattr(vec, "shift", None)
     return isinstance(shift, torch.Tensor) and shift.ndim == 3 and shift.shape[1] > 1
-
-
-def closure(fn) -> dict:
-    """The variables a Python function closes over, by name ({} for anything else)."""
-    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-    if code is None or cells is None:
-        return {}
-    try:
-        return dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
-    except ValueError:  # a variable not yet bound
-        return {}
-
-
-def moved_spans(spans, start: int, n: int, kept: int) -> list[tuple[int, int, int]] | None:
-    """Spans [(first, end, index)] over rows whose N rows at `start` merge to `kept` rows, moved to
-    the merged rows; None when one is malformed or starts or ends inside the N rows."""
-    if not isinstance(spans, (tuple, list)) or not all(isinstance(s, (tuple, list)) and len(s) == 3 for s in spans):
-        return None
-
-    def move(row: int) -> int | None:
-        if row <= start:
-            return row
-        return row - (n - kept) if row >= start + n else None
-
-    moved = [(move(first), move(end), index) for first, end, index in spans]
-    return None if any(first is None or end is None for first, end, _ in moved) else moved
-
-
-def _call_double(module: torch.nn.Module, spans: dict, args: dict) -> dict:
-    """A comfy.ldm.flux.layers.DoubleStreamBlock called as ComfyUI's wrapper calls it, with `spans`."""
-    img, txt = module(
-        img=args["img"], txt=args["txt"], vec=args["vec"], pe=args["pe"], attn_mask=args.get("attn_mask"),
-        transformer_options=args.get("transformer_options"), **spans,
-    )
-    return {"img": img, "txt": txt}
-
-
-def _call_single(module: torch.nn.Module, spans: dict, args: dict) -> dict:
-    """A comfy.ldm.flux.layers.SingleStreamBlock called as ComfyUI's wrapper calls it, with `spans`."""
-    img = module(
-        args["img"], vec=args["vec"], pe=args["pe"], attn_mask=args.get("attn_mask"),
-        transformer_options=args.get("transformer_options"), **spans,
-    )
-    return {"img": img}
-
-
-_CALLS = {"double": _call_double, "single": _call_single}

@@ -23,8 +23,9 @@ the merged sequence is a fresh tensor and the delta is taken against our own cop
 Image-to-video "v2 (replace)" guidance (`guiding_frame_index`) modulates tokens [0, h*w) of a
 block's sequence apart from the rest through `modulation_dims` [(0, h*w, 0), (h*w, None, 1)]
 (double: over img; single: over the whole sequence, text included). Each boundary moves to the
-merged position: the end of frame 0, merged on its own, to its merged count D0; a boundary before
-the video stays. A boundary inside a merged segment runs the block unmerged, with the reason.
+merged position before merging (machinery/spans.py): the end of frame 0, merged on its own, to its
+merged count D0; a boundary before the video stays. A boundary inside a merged segment runs the
+block unmerged, with the layout reason.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from typing import Any
 import torch
 
 from ...toma_core import MergePlan
-from ...toma_core.video import Segment, SegmentPlan
+from ...toma_core.video import Segment
 from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter, text_length
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
+from ..machinery.spans import RowMove, moved_spans
 from ..runtime import CallContext
 from ..settings import NODE_TILE_FRAMES, ToMASettings
 
@@ -164,22 +166,6 @@ merged_single = merged_dit_block(SLOT, single_span)
 
 def merged_dims(dims: list[tuple], plan: MergePlan, start: int) -> list[tuple] | Unmerged:
     """modulation_dims spans (start, end|None, index) over a sequence whose image tokens [start,
-    start+N) merge with `plan` (a SegmentPlan): each boundary moves to the merged position. A
-    boundary inside a merged segment has none: Unmerged."""
-    n, d = plan.num_tokens, plan.num_kept
-    parts = plan.parts if isinstance(plan, SegmentPlan) else [plan]
-    bounds, tokens, kept = {start: start}, start, start
-    for part in parts:
-        tokens, kept = tokens + part.num_tokens, kept + part.num_kept
-        bounds[tokens] = kept
-
-    def move(b: int | None) -> int | None | Unmerged:
-        if b is None or b <= start:
-            return b
-        if b in bounds:
-            return bounds[b]
-        return b - n + d if b >= start + n else Unmerged(f"modulation boundary {b} inside a merged frame segment")
-
-    spans = [(move(a), move(b), index) for a, b, index in dims]
-    why = next((v for span in spans for v in span[:2] if isinstance(v, Unmerged)), None)
-    return why or spans
+    start+N) merge with `plan` (a SegmentPlan): each boundary moves to the merged position
+    (machinery/spans.py). A boundary inside a merged segment has none: layout_changed."""
+    return moved_spans(dims, RowMove.of(plan, start), "modulation")

@@ -23,7 +23,7 @@ Its modulation is per sample (scale + tanh gate), so it commutes with the merge.
 timestep_zero_index (Z-Image omni): the token ranges [(start, end), ...] modulated with the real
 timestep, the other tokens with timestep 0, adaln_input then (2B, C)
 (comfy.ldm.lumina.model.modulate, apply_gate). The image and its pads must be the range that ends
-at L; the ranges are moved to the merged sequence.
+at L; the ranges are moved to the merged sequence before merging (machinery/spans.py).
 
 Caption lengths: where ComfyUI drops padded caption tokens per sample (x_mask a (B, L) key mask
 whose rows differ), each sample's image sits at its own offset: such a layer runs unmerged, with
@@ -45,6 +45,7 @@ from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
 from ..machinery.skeleton import run_hook
+from ..machinery.spans import RowMove, moved_spans
 from ..runtime import CallContext
 from ..settings import ToMASettings
 
@@ -140,16 +141,7 @@ def at_origin(freqs_cis: torch.Tensor, length: int, pad: int) -> bool:
 
 def move_spans(spans: Spans, start: int, n: int, kept: int) -> dict[str, Spans] | Unmerged:
     """timestep_zero_index ranges of the unmerged sequence moved to the merged one, whose image
-    tokens [start, start + n) became [start, start + kept); a range ending inside them cannot move."""
-
-    def move(bound: int) -> int | None:
-        if bound <= start:
-            return bound
-        if bound >= start + n:
-            return bound - n + kept
-        return None
-
-    moved = [(move(a), move(b)) for a, b in spans]
-    if any(a is None or b is None for a, b in moved):
-        return layout_changed("a timestep_zero_index range ends inside the image tokens")
-    return {"timestep_zero_index": moved}
+    tokens [start, start + n) became [start, start + kept) (machinery/spans.py); a range ending
+    inside them cannot move."""
+    moved = moved_spans(spans, RowMove(start, n, kept), "timestep_zero_index")
+    return moved if isinstance(moved, Unmerged) else {"timestep_zero_index": moved}

@@ -22,9 +22,11 @@ Reference method `index_timestep_zero` (Qwen-Image-Edit 2511's `default_ref_meth
 conditioning's `reference_latents_method`): vec holds 2B rows, the call's timestep then timestep 0,
 and `_forward` hands every block `timestep_zero_index` = N from a closure, not in the replace
 args: tokens from N on (the references) take the timestep-0 modulation
-(`QwenImageTransformerBlock._modulate`). A merged block has its references from D on, so an
-object patch of each selected block's forward (`make_forward`) moves that index from N to D
-for the merged run only: the references keep their own modulation, exactly.
+(`QwenImageTransformerBlock._modulate`). A merged block has its references from D on, so the
+merged run carries its row move in a copy of transformer_options and an object patch of each
+selected block's forward (machinery/spans.py `span_forward`) moves that index from N to D: the
+references keep their own modulation, exactly. An index inside the image rows cannot move: the
+block runs unmerged, with the layout reason.
 """
 
 from __future__ import annotations
@@ -41,16 +43,16 @@ from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter
-from ..machinery.hooks import install_dit_hooks, install_forward_patches, module_forward
+from ..machinery.hooks import install_dit_hooks, install_forward_patches
 from ..machinery.scope import require_block_scope
+from ..machinery.spans import RowMove, SpansCut, span_forward, with_move
 from ..runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "qwen_image"
 
-ZERO_INDEX = "toma_timestep_zero_index"
-"""transformer_options key of a merged block run under index_timestep_zero: (N, D), the index the
-block's caller splits the modulation at and the one the merged tokens need (see make_forward)."""
+ZERO_INDEX = "timestep_zero_index"
+"""QwenImageTransformerBlock.forward's keyword: the token the timestep-0 modulation starts at."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +76,7 @@ def apply(model, settings: ToMASettings) -> QwenImageAdapter:
     blocks = parse_dit_blocks(settings.blocks, sizes)
     install_dit_hooks(model, sizes, blocks, {"double": merged_block})
     paths = {f"transformer_blocks.{i}": blocks.selects("double", i) for i in range(sizes["double"])}
-    install_forward_patches(model, paths, lambda path, foreign: make_forward(dm.get_submodule(path), foreign))
+    install_forward_patches(model, paths, lambda path, foreign: span_forward(dm.get_submodule(path), foreign, moved_zero_index))
     return QwenImageAdapter("qwen_image", blocks.describe(), blocks.count, int(dm.patch_size))
 
 
@@ -89,14 +91,14 @@ def token_axis(pe: torch.Tensor, length: int) -> int | Unmerged:
 def timestep_zero(args: dict, n: int) -> Callable[[MergePlan], dict] | None | Unmerged:
     """None for one modulation per sample (vec (B, C)); under index_timestep_zero (vec (2B, C): the
     call's timestep, then timestep 0 for the tokens from N on) the merged run's transformer_options
-    carrying (N, D) for make_forward; Unmerged for another vec batch."""
+    carrying its row move for the forward patch (moved_zero_index); Unmerged for another vec batch."""
     batch, rows = args["img"].shape[0], args["vec"].shape[0]
     if rows in (1, batch):
         return None
     if rows != 2 * batch:
         return layout_changed(f"vec of batch {rows} is neither the image batch {batch} nor twice it")
     options = args["transformer_options"]
-    return lambda plan: {"transformer_options": options | {ZERO_INDEX: (n, plan.num_kept)}}
+    return lambda plan: {"transformer_options": with_move(options, RowMove(0, n, plan.num_kept))}
 
 
 def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
@@ -119,27 +121,11 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
 merged_block = merged_dit_block(SLOT, image_span)
 
 
-def make_forward(block: torch.nn.Module, foreign: Callable | None) -> Callable:
-    """The object patch of one block's forward: under a merged index_timestep_zero run (ZERO_INDEX
-    in its transformer_options) timestep_zero_index N becomes D, the merged image's length; every
-    other run passes through as it is."""
-    run = module_forward(block, foreign)
-
-    def toma_forward(*args, **kwargs):
-        moved = kwargs.get("transformer_options", {}).get(ZERO_INDEX)
-        if moved is not None:
-            kwargs["timestep_zero_index"] = moved_index(kwargs.get("timestep_zero_index"), *moved)
-        return run(*args, **kwargs)
-
-    return toma_forward
-
-
-def moved_index(index: int | None, n: int, d: int) -> int:
-    """D for the timestep-zero index N of the unmerged image; any other index means the block's
-    caller splits the tokens elsewhere than ToMA checked, and merging would modulate wrong tokens."""
-    if index != n:
-        raise RuntimeError(
-            f"ToMA [qwen_image]: the block splits its modulation at token {index}, not at the image's end ({n}); "
-            "run without ToMA on this model and report your ComfyUI version"
-        )
-    return d
+def moved_zero_index(move: RowMove, kwargs: dict) -> dict:
+    """The block's keywords with timestep_zero_index N moved to D (a boundary after the image
+    shifts, one before stays); SpansCut when missing or inside the image rows."""
+    index = kwargs.get(ZERO_INDEX)
+    row = None if index is None else move.row(index)
+    if row is None:
+        raise SpansCut(layout_changed(f"{ZERO_INDEX} {index} is not a boundary of the merged image rows"))
+    return kwargs | {ZERO_INDEX: row}

@@ -28,6 +28,7 @@ from ..runtime import CallContext
 from .hooks import MergedBlock
 from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
 from .skeleton import run_hook
+from .spans import unless_cut
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ def run_merged(
     seq (B, L_seq, C) holds the image tokens where `span` says; args holds the per-token tables.
     call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
     output(out) picks the merged sequence from its result; rebuild(out, seq') puts the unmerged
-    sequence back. Returns the rebuilt result, or an Unmerged when a table has another layout
-    (nothing ran).
+    sequence back. Returns the rebuilt result, or an Unmerged when a table has another layout or
+    the block's forward patch found spans it cannot move (spans.SpansCut; nothing ran).
     """
     n = ctx.geometry.tokens if span.tokens is None else span.tokens
     image = seq[:, span.start:span.start + n]
@@ -127,7 +128,9 @@ def run_merged(
     if isinstance(merged, Unmerged):
         return merged
     x, x_m, seq_m = merge_span(seq, span.start, n, plan)
-    out = call(seq_m, merged)
+    out = unless_cut(lambda: call(seq_m, merged))
+    if isinstance(out, Unmerged):
+        return out
     return rebuild(out, unmerge_span(output(out), span.start, plan, x, x_m))
 
 

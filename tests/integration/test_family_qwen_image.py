@@ -167,6 +167,36 @@ def test_timestep_zero_references_keep_their_modulation(qwen: Any, tiny: Any, to
     assert "6 block runs merged" in fc.summary(caplog)
 
 
+def shifted_zero_index(model: Any) -> Any:
+    """A clone of `model` whose blocks receive timestep_zero_index 8 tokens before the image's end:
+    an object patch of each block's forward, put after (outside) the one ToMA may have put there."""
+    shifted = model.clone()
+    for i, block in enumerate(shifted.model.diffusion_model.transformer_blocks):
+        key = f"diffusion_model.transformer_blocks.{i}.forward"
+        run = shifted.object_patches.get(key) or (lambda *args, block=block, **kw: type(block).forward(block, *args, **kw))
+
+        def forward(*args: Any, run: Any = run, timestep_zero_index: Any = None, **kwargs: Any) -> Any:
+            index = None if timestep_zero_index is None else timestep_zero_index - 8
+            return run(*args, timestep_zero_index=index, **kwargs)
+
+        shifted.add_object_patch(key, forward)
+    return shifted
+
+
+def test_timestep_zero_index_inside_the_image_runs_unmerged(qwen: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A timestep_zero_index inside the image rows has no merged position: the sampler does not
+    fail, every block run stays unmerged with the layout reason, and the output equals the
+    unpatched model's under the same index."""
+    require_timestep_zero()
+    pos, neg = timestep_zero_conds()
+    caplog.set_level("INFO")
+    plain = fc.sample(tiny, shifted_zero_index(qwen), LATENT, pos, neg, cfg=1.0)
+    merged = fc.sample(tiny, shifted_zero_index(fc.patch(toma, qwen, blocks="all")), LATENT, pos, neg, cfg=1.0)
+    assert torch.equal(merged, plain)
+    line = fc.summary(caplog)
+    assert "0 block runs merged" in line and "timestep_zero_index 56 is not a boundary" in line, line
+
+
 LAYERED = (1, 16, 3, 16, 16)
 """A 3-frame latent (Qwen-Image-Layered's layers): 3 frames of 8 x 8 tokens, t-major."""
 

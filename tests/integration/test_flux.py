@@ -187,20 +187,52 @@ def test_timestep_zero_references_keep_their_modulation(global_modulation_flux: 
     fc.check_passthrough_rows(tiny, toma, model, FLUX_LATENT, pos, neg, text_and_references(REFS), 32, blocks=blocks)
 
 
-def test_timestep_zero_spans_toma_cannot_read_run_unmerged(global_modulation_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """A replacement put on the keys after ToMA that hands ToMA its own original_block hides
-    ComfyUI's modulation spans: every block of the call with timestep-zero references runs
-    unmerged, counted with the reason, and the output equals the unpatched model's."""
-    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
-    model = global_modulation_flux
-    pos, neg = kontext_conditioning(tiny, model, "index_timestep_zero")
-    patched = patch(toma, model, blocks="all")
-    dit = patched.model_options["transformer_options"]["patches_replace"]["dit"]
+def later_replacement(patched: Any) -> Any:
+    """`patched` with a replacement put on every ToMA key after ToMA, handing ToMA its own original_block."""
+    replaced = patched.clone()
+    dit = replaced.model_options["transformer_options"]["patches_replace"]["dit"]
     for (group, index), toma_block in list(dit.items()):
-        patched.set_model_patch_replace(
+        replaced.set_model_patch_replace(
             lambda args, extra, inner=toma_block: inner(args, {"original_block": lambda a: extra["original_block"](a)}),
             "dit", group, index,
         )
+    return replaced
+
+
+def test_timestep_zero_spans_move_under_a_later_replacement(global_modulation_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The modulation spans reach the block's forward (ToMA's object patch moves them), not the
+    replace args: a replacement put on the keys after ToMA leaves every block run merged, with
+    the output of ToMA alone."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    pos, neg = kontext_conditioning(tiny, global_modulation_flux, "index_timestep_zero")
+    patched = patch(toma, global_modulation_flux, blocks="all")
+    alone = tiny.sample(patched, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
+    assert torch.equal(tiny.sample(later_replacement(patched), FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0), alone)
+    assert "8 block runs merged" in run_lines(caplog)[-1]
+
+
+def cut_timestep_zero(model: Any) -> Any:
+    """A clone of a Flux whose timestep-zero spans start 8 rows before the image's end: an object
+    patch of comfy.ldm.flux.model.Flux.forward_orig shifting its timestep_zero_index."""
+    cut = model.clone()
+    dm = cut.get_model_object("diffusion_model")
+
+    def forward_orig(*args: Any, timestep_zero_index: Any = None, **kwargs: Any) -> Any:
+        spans = None if timestep_zero_index is None else [[first - 8, end] for first, end in timestep_zero_index]
+        return type(dm).forward_orig(dm, *args, timestep_zero_index=spans, **kwargs)
+
+    cut.add_object_patch("diffusion_model.forward_orig", forward_orig)
+    return cut
+
+
+def test_timestep_zero_spans_toma_cannot_move_run_unmerged(global_modulation_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Modulation spans with a boundary inside the image rows cannot follow the merge: every block
+    of the call with timestep-zero references runs unmerged, counted with the layout reason, and
+    the output equals the unpatched model's."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    model = cut_timestep_zero(global_modulation_flux)
+    pos, neg = kontext_conditioning(tiny, model, "index_timestep_zero")
+    patched = later_replacement(patch(toma, model, blocks="all"))
     plain = tiny.sample(model, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
     assert torch.equal(tiny.sample(patched, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0), plain)
     line = run_lines(caplog)[-1]
