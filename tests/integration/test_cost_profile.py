@@ -22,6 +22,9 @@ SDXL = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channe
         "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10], "transformer_depth_middle": 10,
         "use_linear_in_transformer": True, "num_classes": "sequential", "adm_in_channels": 2816,
         "context_dim": 2048, "num_heads": -1, "num_head_channels": 64}
+WAN_1_3B = {"image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "text_len": 512, "in_dim": 16,
+            "dim": 1536, "ffn_dim": 8960, "freq_dim": 256, "text_dim": 4096, "out_dim": 16, "num_heads": 12,
+            "num_layers": 30, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
 
 
 def meta_model(config_class: str, unet_config: dict[str, Any]) -> Any:
@@ -29,15 +32,19 @@ def meta_model(config_class: str, unet_config: dict[str, Any]) -> Any:
     import comfy.supported_models
     import torch
 
+    from bench.harness.tiny_models import tree_config
+
+    unet_config = tree_config(unet_config)  # keys this tree's params class needs (ComfyUI 0.33: Flux's txt_ids_dims)
     config = getattr(comfy.supported_models, config_class)(dict(unet_config))
     config.unet_config.update(unet_config)
     cpu = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(config.get_model({}, device=torch.device("meta")), load_device=cpu, offload_device=cpu)
 
 
-def auto_profile(comfy: Any, config_class: str, unet_config: dict[str, Any]) -> Any:
+def auto_profile(comfy: Any, config_class: str, unet_config: dict[str, Any], **kwargs: Any) -> Any:
     patching, settings = pack_module("nodes.patching"), pack_module("nodes.settings")
-    patched = patching.patch_model(meta_model(config_class, unet_config), settings.ToMASettings(min_tokens=settings.NODE_MIN_TOKENS))
+    toma = settings.ToMASettings(min_tokens=settings.NODE_MIN_TOKENS, **kwargs)
+    patched = patching.patch_model(meta_model(config_class, unet_config), toma)
     return patched.model_options["transformer_options"][settings.TOMA_KEY].config.cost
 
 
@@ -58,3 +65,12 @@ def test_small_calls_of_a_real_size_unet_run_unmerged_on_a_gpu(comfy: Any) -> No
     assert sdxl.speedup(small.tokens, 77, "cuda", 2) < sdxl.speedup(large.tokens, 77, "cuda", 2)
     reason = sdxl.auto_veto(small, "cuda", 1)
     assert reason is not None and "1024 image tokens at width 640 on cuda" in reason
+
+
+def test_a_real_size_video_model_merges_at_the_node_tiles(comfy: Any) -> None:
+    """Wan 2.1 1.3B at 480p, 81 frames (21 x 30 x 52 latent tokens) with the nodes' tile 8 x 4 frames:
+    the plan, which grows with the tile's 256 tokens, stays small beside 30 blocks of width 1536."""
+    runtime, settings = pack_module("nodes.runtime"), pack_module("nodes.settings")
+    wan = auto_profile(comfy, "WAN21_T2V", WAN_1_3B, tile_size=settings.NODE_TILE_SIZE)
+    assert wan.width == 1536 and wan.tile_tokens == settings.NODE_TILE_SIZE ** 2 * settings.NODE_TILE_FRAMES
+    assert wan.auto_veto(runtime.CallGeometry(30, 52, 512, frames=21), "cpu", 2) is None
