@@ -43,6 +43,8 @@ ComfyUI imports happen inside the functions.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 import logging
 import math
 from dataclasses import dataclass, field
@@ -266,12 +268,17 @@ def decode(family: str, latent: torch.Tensor) -> torch.Tensor:
     return from_model_space(family, _latent_format(family).process_in(latent.float())).clamp(0, 1)
 
 
-def build_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
-    """The family's ComfyUI BaseModel (CPU, weights and compute in `dtype`) with uninitialised weights."""
+def family_config(family: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The family's ``comfy.supported_models`` config (weights and compute in `dtype`)."""
     import comfy.supported_models
 
     s = spec(family)
-    return model_config(getattr(comfy.supported_models, s.config_class), s.unet_config, dtype).get_model({})
+    return model_config(getattr(comfy.supported_models, s.config_class), s.unet_config, dtype)
+
+
+def build_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The family's ComfyUI BaseModel (CPU, weights and compute in `dtype`) with uninitialised weights."""
+    return family_config(family, dtype).get_model({})
 
 
 def tensors_digest(path: Path) -> str:
@@ -299,10 +306,13 @@ def load_model(family: str, dtype: torch.dtype = torch.float32) -> Any:
     `dtype`, fp32 by default), or seeded random weights when fixtures/<family>.safetensors is missing."""
     import comfy.model_patcher
 
-    model = build_model(family, dtype)
+    config = family_config(family, dtype)
+    model = config.get_model({})
     if weights_path(family).is_file():
         state = {k: v.to(dtype) for k, v in _read_fixture(family).items() if not k.startswith(COND_PREFIX)}
-        model.diffusion_model.load_state_dict(state, strict=True)
+        # The tree's own key conversion, as its loaders apply it: ComfyUI 0.33 names Flux's RMSNorm
+        # gains `*_norm.weight` where the fixture (and 0.3.64) says `*_norm.scale`.
+        model.diffusion_model.load_state_dict(config.process_unet_state_dict(state), strict=True)
     else:
         log.warning("%s missing: %s has random weights", weights_path(family), family)
         init_weights(model.diffusion_model, RANDOM_INIT_SEED)
@@ -356,3 +366,35 @@ def conditioning(family: str, batch: int = 1) -> tuple[list, list]:
     positive = [[context, extras]]
     negative = [[context.clone(), dict(extras)]]
     return positive, negative
+
+
+def trainable(model: Any) -> Any:
+    """`model` in train mode with gradients on every diffusion-model weight.
+
+    ComfyUI 0.33's ``comfy.model_base.BaseModel.__init__`` freezes the diffusion model it builds
+    (``requires_grad_(False)``; 0.3.64 leaves the weights trainable), so without this the loss has no
+    graph to backpropagate through.
+    """
+    model.diffusion_model.requires_grad_(True)
+    model.train()
+    return model
+
+
+@contextmanager
+def comfy_training() -> Iterator[None]:
+    """ComfyUI's training switch on, as ``comfy_extras.nodes_train.TrainLoraNode`` sets it around
+    its loop: with ``comfy.model_management.in_training`` ComfyUI 0.33's
+    ``comfy.ldm.flux.math.apply_rope1`` runs its differentiable torch path instead of the
+    comfy_kitchen kernel, which has no backward. Trees without the switch (0.3.64) always run the
+    torch path."""
+    import comfy.model_management as mm
+
+    if not hasattr(mm, "in_training"):
+        yield
+        return
+    was = mm.in_training
+    mm.in_training = True
+    try:
+        yield
+    finally:
+        mm.in_training = was

@@ -199,7 +199,8 @@ def diffusion_loss(model: Any, family: str, x0: torch.Tensor, kwargs: dict, opti
         sigma = ms.sigmas[torch.randint(len(ms.sigmas), (b,), generator=gen)]
         s = sigma.view(b, 1, 1, 1)
         x_t, target = x0 + s * noise, noise
-    denoised = model.apply_model(x_t, sigma, transformer_options=options, **kwargs)
+    with trained.comfy_training():
+        denoised = model.apply_model(x_t, sigma, transformer_options=options, **kwargs)
     return F.mse_loss((x_t - denoised) / s, target)
 
 
@@ -260,7 +261,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = trained.build_model(family)
     init_weights(model.diffusion_model, args.seed)
     zero_init_outputs(model)
-    model.train()
+    trained.trainable(model)
     ema = copy.deepcopy(model.diffusion_model).eval().requires_grad_(False)
     cond = trained.default_conditioning_tensors(family, args.seed)
     photos = load_photos()

@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,38 +55,6 @@ def zero_init_outputs(model: Any) -> None:
         for name, param in model.diffusion_model.named_parameters():
             if name.endswith(ZEROED):
                 param.zero_()
-
-
-def trainable(model: Any) -> Any:
-    """`model` in train mode with gradients on every diffusion-model weight.
-
-    ComfyUI 0.33's ``comfy.model_base.BaseModel.__init__`` freezes the diffusion model it builds
-    (``requires_grad_(False)``; 0.3.64 leaves the weights trainable), so without this the loss has no
-    graph to backpropagate through.
-    """
-    model.diffusion_model.requires_grad_(True)
-    model.train()
-    return model
-
-
-@contextmanager
-def comfy_training() -> Iterator[None]:
-    """ComfyUI's training switch on, as ``comfy_extras.nodes_train.TrainLoraNode`` sets it around
-    its loop: with ``comfy.model_management.in_training`` ComfyUI 0.33's
-    ``comfy.ldm.flux.math.apply_rope1`` runs its differentiable torch path instead of the
-    comfy_kitchen kernel, which has no backward. Trees without the switch (0.3.64) always run the
-    torch path."""
-    import comfy.model_management as mm
-
-    if not hasattr(mm, "in_training"):
-        yield
-        return
-    was = mm.in_training
-    mm.in_training = True
-    try:
-        yield
-    finally:
-        mm.in_training = was
 
 
 def rope_high_pairs(head_dim: int, per_axis: int = 2) -> list[int]:
@@ -132,7 +98,7 @@ def flow_loss(model: Any, x0: torch.Tensor, kwargs: dict, gen: torch.Generator, 
     sigma = ms.sigma(flow_times(b, timesteps, gen) * ms.multiplier)
     s = sigma.view(b, 1, 1, 1, 1)
     x_t = (1 - s) * x0 + s * noise
-    with comfy_training():
+    with trained.comfy_training():
         denoised = model.apply_model(x_t, sigma, **kwargs)
     return F.mse_loss((x_t - denoised) / s, noise - x0)
 
@@ -179,7 +145,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     tiny_models.init_weights(model.diffusion_model, args.seed)
     zero_init_outputs(model)
     local_attention_init(model, args.local_init)
-    trainable(model)
+    trained.trainable(model)
     ema = copy.deepcopy(model.diffusion_model).eval().requires_grad_(False)
     cond = tv.default_conditioning_tensors(args.seed)
     photos = load_photos()

@@ -56,7 +56,9 @@ def test_fixture_is_comfy_class_with_the_shipped_weights(loaded: tuple[str, Any]
     assert type(patcher.model) is expected
     stored = load_file(str(trained.weights_path(family)))
     state = patcher.model.diffusion_model.state_dict()
-    weights = {k: v for k, v in stored.items() if not k.startswith(trained.COND_PREFIX)}
+    weights = trained.family_config(family).process_unet_state_dict(
+        {k: v for k, v in stored.items() if not k.startswith(trained.COND_PREFIX)}
+    )
     assert set(weights) == set(state)
     assert all(v.dtype == torch.float16 for v in weights.values())
     assert all(torch.equal(state[k], v.float()) for k, v in weights.items())
@@ -114,14 +116,15 @@ def test_out_of_place_blocks_equal_comfy_blocks(trained: Any, train_fixtures: An
 def test_training_path_matches_inference_and_backpropagates(trained: Any, train_fixtures: Any) -> None:
     """apply_model with the out-of-place block replacements equals the real model and has gradients."""
     patcher = trained.load_model("flux")
-    model = patcher.model
+    model = trained.trainable(patcher.model)
     kwargs = train_fixtures.model_kwargs(model, "flux", trained.conditioning_tensors("flux"), 1)
     x = torch.randn((1, 16, 16, 16), generator=torch.Generator().manual_seed(0))
     sigma = torch.tensor([0.6])
     with torch.no_grad():
         real = model.apply_model(x, sigma, **kwargs)
     options = train_fixtures.training_transformer_options(model)
-    out = model.apply_model(x, sigma, transformer_options=options, **kwargs)
+    with trained.comfy_training():
+        out = model.apply_model(x, sigma, transformer_options=options, **kwargs)
     assert torch.allclose(out.detach(), real, atol=1e-4, rtol=1e-4)
     out.square().mean().backward()
     grads = [p.grad for p in model.diffusion_model.single_blocks[0].parameters()]

@@ -145,10 +145,10 @@ def test_local_attention_start_peaks_at_zero_offset(tv: Any) -> None:
 
 
 def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos: list[torch.Tensor]) -> None:
-    from bench.harness import tiny_models
+    from bench.harness import tiny_models, trained
     from bench.quality import train_video_fixture as tvf
 
-    model = tvf.trainable(tv.build_model())
+    model = trained.trainable(tv.build_model())
     tiny_models.init_weights(model.diffusion_model, 1)
     gen = torch.Generator().manual_seed(1)
     x0 = tv.to_model_space(tv.random_clips(photos, 1, gen))
