@@ -2,7 +2,9 @@
 
 Driven by the server's ``/object_info``: each node's widget values are matched to its widget
 inputs in ``input_order``, an INT with ``control_after_generate`` (a seed) is followed by its
-control value in ``widgets_values`` ("fixed", "randomize", ...), and every linked input becomes
+control value in ``widgets_values`` ("fixed", "randomize", ...), a dynamic combo (ComfyUI 0.33's
+``COMFY_DYNAMICCOMBO_V3``, e.g. SaveVideo's ``format``) is followed by the widgets of the option it
+chose, sent as ``<combo>.<input>`` (comfy_api.latest._io ``finalize_prefix``), and every linked input becomes
 ``[origin node id, origin slot]``. Frontend-only nodes (notes, reroutes) and muted or bypassed
 nodes are left out. Nothing is read from a hand-written copy of the graph.
 """
@@ -12,7 +14,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"
+WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", DYNAMIC_COMBO})
 FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
 ACTIVE_MODE = 0
 """LiteGraph node modes: 0 always, 2 never (muted), 4 bypassed."""
@@ -43,15 +46,29 @@ def widget_names(entry: dict[str, Any]) -> list[str]:
 
 def _widget_inputs(entry: dict[str, Any], values: list) -> dict[str, Any]:
     """Widget name -> value, skipping each seed's control value that follows it."""
-    specs, queue, out = input_specs(entry), list(values), {}
-    for name in widget_names(entry):
+    queue, out = list(values), {}
+    _take_widgets(entry["input"], input_order(entry), "", queue, out)
+    return out
+
+
+def _take_widgets(groups: dict[str, dict], order: list[str], prefix: str, queue: list, out: dict[str, Any]) -> None:
+    """Fill `out` from `queue` for the widgets among `order` (names in the input `groups`), a dynamic
+    combo's chosen option's widgets after it, under `prefix`."""
+    specs = {**groups.get("required", {}), **groups.get("optional", {})}
+    for name in order:
         if not queue:
-            break
-        out[name] = queue.pop(0)
-        options = specs[name][1] if len(specs[name]) > 1 else {}
+            return
+        spec = specs[name]
+        if not is_widget(spec):
+            continue
+        value = out[prefix + name] = queue.pop(0)
+        options = spec[1] if len(spec) > 1 else {}
         if options.get("control_after_generate") and queue and isinstance(queue[0], str):
             queue.pop(0)
-    return out
+        if spec[0] == DYNAMIC_COMBO:
+            chosen = next((o["inputs"] for o in options.get("options", []) if o["key"] == value), {})
+            nested = [n for group in ("required", "optional") for n in chosen.get(group, {})]
+            _take_widgets(chosen, nested, f"{prefix}{name}.", queue, out)
 
 
 def ui_to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> Prompt:
