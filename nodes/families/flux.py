@@ -132,7 +132,7 @@ def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_l
         options = with_move(options, RowMove.of(plan, start))
     x, x_m, seq_m = merge_span(seq, start, n, plan)
     merged = dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask, transformer_options=options)
-    out = unless_cut(lambda: block(merged))
+    out = unless_cut(lambda: block(merged), options)
     if isinstance(out, Unmerged):
         return out
     return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))

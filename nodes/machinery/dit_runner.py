@@ -128,7 +128,7 @@ def run_merged(
     if isinstance(merged, Unmerged):
         return merged
     x, x_m, seq_m = merge_span(seq, span.start, n, plan)
-    out = unless_cut(lambda: call(seq_m, merged))
+    out = unless_cut(lambda: call(seq_m, merged), merged.get("transformer_options"))
     if isinstance(out, Unmerged):
         return out
     return rebuild(out, unmerge_span(output(out), span.start, plan, x, x_m))

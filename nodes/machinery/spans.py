@@ -15,7 +15,10 @@ block's forward as a keyword, after ComfyUI's wrapper (Flux, Qwen-Image), the me
 `RowMove` in a copy of transformer_options (`with_move`) and an object patch of the block's
 forward (`span_forward`) moves the keyword. A boundary cut there raises `SpansCut` before the
 block runs; the merged run catches it (`unless_cut`) and the block runs unmerged: nothing ran on the
-merged tokens, and the block's inputs are untouched.
+merged tokens, and the block's inputs are untouched. The forward patch also notes in those options
+that it moved the spans: when another node's object patch of the same forward replaced ToMA's
+after it was installed, nothing moved them, and `unless_cut` discards the merged result (the
+block runs again unmerged, with the layout reason) rather than keep rows modulated as other rows.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from .hooks import module_forward
 
 MOVE_KEY = "toma_row_move"
 """transformer_options key of a merged block run: its RowMove, for the block's forward patch."""
+
+MOVED_KEY = "toma_row_moved"
+"""transformer_options key beside MOVE_KEY: a list the forward patch appends to once it moved the spans."""
+
+NOT_MOVED = layout_changed("modulation spans not moved: another node patched the block's forward after ToMA")
+"""A merged run whose block forward never saw ToMA's forward patch (see the module docstring)."""
 
 R = TypeVar("R")
 
@@ -90,17 +99,22 @@ def moved_spans(spans, move: RowMove, name: str, cut: str = CUT) -> list[tuple] 
     return [(*moved, *span[2:]) for span, moved in zip(spans, bounds)]
 
 
-def unless_cut(call: Callable[[], R]) -> R | Unmerged:
-    """call(), a merged block run, or the layout reason when its forward patch raised SpansCut."""
+def unless_cut(call: Callable[[], R], options: dict | None = None) -> R | Unmerged:
+    """call(), a merged block run, or the layout reason when its forward patch raised SpansCut or,
+    for `options` made by with_move, never moved the spans (NOT_MOVED)."""
     try:
-        return call()
+        out = call()
     except SpansCut as cut:
         return cut.unmerged
+    if options is not None and MOVE_KEY in options and not options[MOVED_KEY]:
+        return NOT_MOVED
+    return out
 
 
 def with_move(options: dict | None, move: RowMove) -> dict:
-    """A copy of a block's transformer_options carrying `move` for its forward patch."""
-    return dict(options or {}, **{MOVE_KEY: move})
+    """A copy of a block's transformer_options carrying `move` for its forward patch, and the list
+    the patch notes the move in."""
+    return dict(options or {}, **{MOVE_KEY: move, MOVED_KEY: []})
 
 
 def span_forward(module, foreign: Callable | None, move_keywords: Callable[[RowMove, dict], dict]) -> Callable:
@@ -110,9 +124,11 @@ def span_forward(module, foreign: Callable | None, move_keywords: Callable[[RowM
     run = module_forward(module, foreign)
 
     def toma_forward(*args, **kwargs):
-        move = (kwargs.get("transformer_options") or {}).get(MOVE_KEY)
+        options = kwargs.get("transformer_options") or {}
+        move = options.get(MOVE_KEY)
         if move is not None:
             kwargs = move_keywords(move, kwargs)
+            options[MOVED_KEY].append(move)
         return run(*args, **kwargs)
 
     return toma_forward

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from functools import partial
 from typing import Any
 
 import pytest
@@ -209,6 +210,22 @@ def test_timestep_zero_spans_move_under_a_later_replacement(global_modulation_fl
     alone = tiny.sample(patched, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
     assert torch.equal(tiny.sample(later_replacement(patched), FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0), alone)
     assert "8 block runs merged" in run_lines(caplog)[-1]
+
+
+def test_timestep_zero_block_whose_forward_patch_was_replaced_runs_unmerged(global_modulation_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Another node's object patch of a block's forward, put after ToMA, replaces ToMA's (which
+    moves the spans): that block's merged result is discarded and it runs unmerged with the layout
+    reason, so the output equals ToMA on the other blocks only."""
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    pos, neg = kontext_conditioning(tiny, global_modulation_flux, "index_timestep_zero")
+    replaced = patch(toma, global_modulation_flux, blocks="all").clone()
+    block = replaced.get_model_object("diffusion_model").single_blocks[0]
+    replaced.add_object_patch("diffusion_model.single_blocks.0.forward", partial(type(block).forward, block))
+    out = tiny.sample(replaced, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
+    line = run_lines(caplog)[-1]
+    assert "2 block runs modulation spans not moved" in line and "6 block runs merged" in line, line
+    others = patch(toma, global_modulation_flux, blocks="double:0-1,single:1")
+    assert torch.equal(out, tiny.sample(others, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0))
 
 
 def cut_timestep_zero(model: Any) -> Any:
