@@ -1,5 +1,5 @@
 """Tiny, randomly initialised DiTs of the families beyond Flux, SDXL and Wan (SD3, Qwen-Image,
-Lumina2, Z-Image, HunyuanVideo, HiDream), built from ComfyUI's own ``comfy.supported_models`` classes and
+Lumina2, Z-Image, HunyuanVideo, HiDream, Flux.2, LongCat-Image), built from ComfyUI's own ``comfy.supported_models`` classes and
 their unet configs at toy width and depth, with conditioning shaped for each. Weights are filled by ``tiny_models.init_weights``.
 
 Import only once ComfyUI is importable (the ``tiny`` fixture makes sure).
@@ -144,6 +144,52 @@ def build_hunyuan15(seed: int = 0, **overrides: Any) -> Any:
 
     config_cls = getattr(comfy.supported_models, "HunyuanVideo15", None)
     return None if config_cls is None else build(config_cls, hunyuan15_config(**overrides), seed)
+
+
+def flux2_config(**overrides: Any) -> dict[str, Any]:
+    """Flux.2 (comfy.model_detection's double_stream_modulation_img branch) at toy width: hidden 64,
+    4 heads of 16 (four rope axes of 4, theta 2000), 2 double + 2 single blocks, global modulation,
+    SiLU-gated MLP of ratio 3, no biases, 128 latent channels at patch 1, text position ids on axis
+    3, reference images by "index" (scale 10), text features 32, a guidance embedding (dev; Klein
+    has none: guidance_embed=False)."""
+    return {
+        "image_model": "flux2", "in_channels": 128, "out_channels": 128, "vec_in_dim": None, "context_in_dim": 32,
+        "hidden_size": 64, "mlp_ratio": 3.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
+        "axes_dim": [4, 4, 4, 4], "theta": 2000, "patch_size": 1, "qkv_bias": False, "guidance_embed": True,
+        "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
+        "ref_index_scale": 10.0, "txt_ids_dims": [3],
+    } | overrides
+
+
+def build_flux2(seed: int = 0, **overrides: Any) -> Any:
+    """A tiny Flux.2 (``comfy.supported_models.Flux2``, a ``comfy.model_base.Flux2`` around
+    ``comfy.ldm.flux.model.Flux``; its conditioning is left-padded to 512 text tokens); None on a
+    ComfyUI without that class (0.3.64)."""
+    import comfy.supported_models
+
+    config_cls = getattr(comfy.supported_models, "Flux2", None)
+    return None if config_cls is None else build(config_cls, flux2_config(**overrides), seed)
+
+
+def longcat_config(**overrides: Any) -> dict[str, Any]:
+    """LongCat-Image (comfy.model_detection's Flux branch with context_in_dim 3584 and no pooled
+    vector) at the width of `tiny_models.tiny_flux_config`: no guidance embedding, text position ids
+    on axes 1 and 2, text features 32 (Qwen2.5-VL's 3584 in the real model)."""
+    return {
+        "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": None, "context_in_dim": 32,
+        "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
+        "axes_dim": [4, 6, 6], "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": False,
+        "txt_ids_dims": [1, 2],
+    } | overrides
+
+
+def build_longcat(seed: int = 0, **overrides: Any) -> Any:
+    """A tiny LongCat-Image (``comfy.supported_models.LongCatImage``, a ``comfy.model_base.LongCatImage``
+    that shifts the image's rope positions past the text); None on a ComfyUI without that class (0.3.64)."""
+    import comfy.supported_models
+
+    config_cls = getattr(comfy.supported_models, "LongCatImage", None)
+    return None if config_cls is None else build(config_cls, longcat_config(**overrides), seed)
 
 
 def build_hidream(seed: int = 0, **overrides: Any) -> Any:
