@@ -57,6 +57,12 @@ def flux2(tiny: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
+def klein(tiny: Any) -> Any:
+    """A tiny Flux.2 Klein: Flux.2 without the guidance embedding."""
+    return require(tiny_dits.build_flux2(seed=1, guidance_embed=False), "Flux2")
+
+
+@pytest.fixture(scope="module")
 def longcat(tiny: Any) -> Any:
     return require(tiny_dits.build_longcat(seed=0), "LongCatImage")
 
@@ -135,6 +141,14 @@ def test_listed_blocks_alone_merge(flux2: Any, tiny: Any, toma: Any, caplog: pyt
 def test_blocks_out_of_range_are_refused(flux2: Any, toma: Any, blocks: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fc.patch(toma, flux2, blocks=blocks)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_klein_ratio_zero_and_rows(klein: Any, tiny: Any, toma: Any, method: str | None) -> None:
+    """Klein (no guidance embedding): ratio 0 bit-identical, text and reference rows pass through."""
+    pos, neg = flux2_conditioning(method)
+    fc.check_ratio_zero(tiny, toma, klein, LATENT, pos, neg)
+    fc.check_passthrough_rows(tiny, toma, klein, LATENT, pos, neg, text_and_references(TEXT, 0 if method is None else REFS), 32)
 
 
 @pytest.mark.parametrize("size", sorted(KLEIN))
