@@ -151,11 +151,7 @@ REFUSED: tuple[Refusal, ...] = (
     ),
     Refusal(
         "Wan Animate / Animate2 / WanDancer / HuMo / Camera",
-        (
-            "comfy.ldm.wan.model_animate:AnimateWanModel", "comfy.ldm.wan.model_animate2:WanAnimate2Model",
-            "comfy.ldm.wan.model_wandancer:WanDancerModel", "comfy.ldm.wan.model:HumoWanModel",
-            "comfy.ldm.wan.model:CameraWanModel",
-        ),
+        ("comfy.ldm.wan.model_animate:AnimateWanModel", "comfy.ldm.wan.model_animate2:WanAnimate2Model", "comfy.ldm.wan.model_wandancer:WanDancerModel", "comfy.ldm.wan.model:HumoWanModel", "comfy.ldm.wan.model:CameraWanModel",),
         "it adds face, pose, music, audio or camera features to the video tokens between or inside the "
         "blocks outside the Wan block call; not adapted yet: an adapter would need those injections to "
         "see the merged tokens",
@@ -181,26 +177,22 @@ REFUSED: tuple[Refusal, ...] = (
         "yet: an adapter would merge only its patch blocks and unmerge before the pixel blocks",
     ),
     Refusal(
-        "Single-stream DiTs: Krea2, ErnieImage, Ideogram4, Boogu, OmniGen2, CogVideoX",
-        (
-            "comfy.ldm.krea2.model:SingleStreamDiT", "comfy.ldm.ernie.model:ErnieImageModel",
-            "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel", "comfy.ldm.boogu.model:BooguTransformer2DModel",
-            "comfy.ldm.omnigen.omnigen2:OmniGen2Transformer2DModel",
-            "comfy.ldm.cogvideo.model:CogVideoXTransformer3DModel",
-        ),
+        "Joint-sequence DiTs: Krea2, ErnieImage, Ideogram4, OmniGen2, Boogu",
+        ("comfy.ldm.krea2.model:SingleStreamDiT", "comfy.ldm.ernie.model:ErnieImageModel", "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel", "comfy.ldm.boogu.model:BooguTransformer2DModel", "comfy.ldm.omnigen.omnigen2:OmniGen2Transformer2DModel",),
         "not adapted yet: an adapter would need the image span of its joint text+image sequence, its "
         "rope table's layout and its blocks' signature (each differs from the supported families)",
     ),
     Refusal(
-        "Double-stream DiTs: JoyImage, MageFlow, Lens, AuraFlow, Mochi, HunyuanDiT, PixArt",
-        (
-            "comfy.ldm.joyimage.model:JoyImageTransformer3DModel",
-            "comfy.ldm.mage_flow.model:MageFlowTransformer2DModel", "comfy.ldm.lens.model:LensTransformer2DModel",
-            "comfy.ldm.aura.mmdit:MMDiT", "comfy.ldm.genmo.joint_model.asymm_models_joint:AsymmDiTJoint",
-            "comfy.ldm.hydit.models:HunYuanDiT", "comfy.ldm.pixart.pixartms:PixArtMS",
-        ),
-        "not adapted yet: an adapter would need a block hook for its own image/text block signature "
-        "and rope layout (the Flux and Qwen-Image adapters match their classes, not these)",
+        "Two-stream DiTs: JoyImage, MageFlow, Lens, AuraFlow, Mochi, CogVideoX",
+        ("comfy.ldm.joyimage.model:JoyImageTransformer3DModel", "comfy.ldm.mage_flow.model:MageFlowTransformer2DModel", "comfy.ldm.lens.model:LensTransformer2DModel", "comfy.ldm.aura.mmdit:MMDiT", "comfy.ldm.genmo.joint_model.asymm_models_joint:AsymmDiTJoint", "comfy.ldm.cogvideo.model:CogVideoXTransformer3DModel",),
+        "not adapted yet: an adapter would need a block hook for its own image/text stream signature "
+        "and rope layout (the Flux and Qwen-Image adapters match their own classes, not these)",
+    ),
+    Refusal(
+        "Cross-attention DiTs: PixArt, HunyuanDiT",
+        ("comfy.ldm.pixart.pixartms:PixArtMS", "comfy.ldm.hydit.models:HunYuanDiT"),
+        "not adapted yet: an adapter would need a hook for its self-attention block (text enters by "
+        "cross-attention) and, for HunyuanDiT, its long skip connections between blocks",
     ),
     Refusal(
         "Stable Cascade", ("comfy.ldm.cascade.stage_c:StageC", "comfy.ldm.cascade.stage_b:StageB"),
@@ -209,15 +201,7 @@ REFUSED: tuple[Refusal, ...] = (
     ),
     Refusal(
         "Audio, 3-D and vision models",
-        (
-            "comfy.ldm.audio.dit:AudioDiffusionTransformer", "comfy.ldm.ace.model:ACEStepTransformer2DModel",
-            "comfy.ldm.ace.ace_step15:AceStepConditionGenerationModel",
-            "comfy.ldm.minimax_music.dit:MiniMaxMusic3DiT",
-            "comfy.ldm.hunyuan3d.model:Hunyuan3Dv2", "comfy.ldm.hunyuan3dv2_1.hunyuandit:HunYuanDiTPlain",
-            "comfy.ldm.triposplat.model:LatentSeqMMFlowModel", "comfy.ldm.trellis2.model:Trellis2",
-            "comfy.ldm.sam3.detector:SAM3Model", "comfy.ldm.rt_detr.rtdetr_v4:RTv4",
-            "comfy.ldm.depth_anything_3.model:DepthAnything3Net",
-        ),
+        ("comfy.ldm.audio.dit:AudioDiffusionTransformer", "comfy.ldm.ace.model:ACEStepTransformer2DModel", "comfy.ldm.ace.ace_step15:AceStepConditionGenerationModel", "comfy.ldm.minimax_music.dit:MiniMaxMusic3DiT", "comfy.ldm.hunyuan3d.model:Hunyuan3Dv2", "comfy.ldm.hunyuan3dv2_1.hunyuandit:HunYuanDiTPlain", "comfy.ldm.triposplat.model:LatentSeqMMFlowModel", "comfy.ldm.trellis2.model:Trellis2", "comfy.ldm.sam3.detector:SAM3Model", "comfy.ldm.rt_detr.rtdetr_v4:RTv4", "comfy.ldm.depth_anything_3.model:DepthAnything3Net",),
         "their tokens are audio frames, 3-D latents or detector features, not an image grid, so ToMA's "
         "2-D tiles have nothing to tile",
     ),
