@@ -70,14 +70,20 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
     """Install the block hooks on `model` (a ModelPatcher clone); return the runtime adapter.
 
     Earlier ToMA hooks are replaced; a replacement another pack put on the same key stays
-    outermost and ToMA merges only around the real block. The selected blocks' forwards move the
-    modulation spans of a merged run (SPAN_KEYWORDS).
+    outermost and ToMA merges only around the real block. On a model with global modulation
+    (Flux.2) the selected blocks' forwards move the modulation spans of a merged run
+    (SPAN_KEYWORDS): ComfyUI 0.33 runs timestep-zero references only there (on a Flux.1 layout
+    `index_timestep_zero` fails in comfy.ldm.flux.layers.apply_mod, unpatched). Other Flux models
+    keep their blocks' forwards untouched, which per-block compile nodes that replace the block
+    modules rely on (KJNodes' TorchCompileModelFluxAdvanced); a per-span run on a block without
+    the patch would be caught (machinery/spans.py NOT_MOVED) and run unmerged.
     """
     dm = model.get_model_object("diffusion_model")
     sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
     install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
-    paths = {f"{group}_blocks.{i}": (group, blocks.selects(group, i)) for group, count in sizes.items() for i in range(count)}
+    spans = bool(getattr(getattr(dm, "params", None), "global_modulation", False))
+    paths = {f"{group}_blocks.{i}": (group, spans and blocks.selects(group, i)) for group, count in sizes.items() for i in range(count)}
     install_forward_patches(
         model, {path: selected for path, (_, selected) in paths.items()},
         lambda path, foreign: span_forward(dm.get_submodule(path), foreign, partial(moved_keyword, keyword=SPAN_KEYWORDS[paths[path][0]], name=SPANS, cut=CUT)),
