@@ -32,7 +32,7 @@ def idle(toma: Any) -> bool:
 
 
 class Gate:
-    """Replaces every Flux block hook of a model with one that drops transformer_options (as step
+    """Replaces every Flux block hook of a model with one that empties transformer_options (as step
     caches do, so ToMA's hooks must use the per-thread fallback) and, once `barrier` is set, waits
     for the other thread inside every model call, so the two threads' calls are open at once.
     The hooks are closures, not bound methods: ModelPatcher.clone() deep-copies model_options,
@@ -45,7 +45,8 @@ class Gate:
 
     def install(self, model: Any) -> Any:
         def strip(args: dict, extra: dict) -> dict:
-            return extra["original_block"]({k: v for k, v in args.items() if k != "transformer_options"})
+            # An empty transformer_options, not none: ComfyUI 0.33's Flux blocks read it unconditionally.
+            return extra["original_block"](dict(args, transformer_options={}))
 
         def first(args: dict, extra: dict) -> dict:
             if self.barrier is not None:
