@@ -43,10 +43,16 @@ PROBES: dict[str, list[tuple[rs.Grid, int]]] = {
     "wan14b": [(rs.Grid(16, 16, 2), 1), (rs.Grid(16, 16, 4), 1)],
     "wan1.3b": [(rs.Grid(16, 16, 4), 1), (rs.Grid(32, 32, 4), 1)],
     "hunyuan_video": [(rs.Grid(16, 16, 2), 1), (rs.Grid(16, 16, 4), 1)],
+    "flux2": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
+    "flux2_klein4b": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
+    "flux2_klein9b": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
+    "zimage": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
+    "hunyuan_video15": [(rs.Grid(16, 16, 2), 1), (rs.Grid(16, 16, 4), 1)],
 }
 """Token grids (and rounds) each family is timed on: the real token count where one call fits the
 CPU budget (Flux.1-dev and SDXL at 1024 px), smaller grids at the real width elsewhere (the fits).
-Flux 16 x 16 and SDXL 48 x 48 are the validation sizes (realsize_validate)."""
+Flux 16 x 16 and SDXL 48 x 48 are the validation sizes (realsize_validate). Families without an entry
+(Z-Image base, LongCat-Image) are priced by another family's probes (RealFamily.probes)."""
 
 ATTENTION = {128: [2048, 4096, 8192, 16384], 64: [2048, 4096, 8192], 40: [2048, 4096, 8192], 80: [2048, 4096, 8192],
              160: [2048, 4096, 8192]}
@@ -125,7 +131,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
     cache = load_cache(args.cache)
     plans = PlanTimes(cache, args.device)
     cost = model.fit_family(args.family, cache)
-    p = model.predict(cost, args.resolution, setting_of(args), args.frames, args.steps, args.sampler, args.scheduler, args.cfg,
+    frames = args.frames or rs.family(args.family).frames
+    p = model.predict(cost, args.resolution, setting_of(args), frames, args.steps, args.sampler, args.scheduler, args.cfg,
                       plan_ms=plans)
     if plans.timed:
         save_cache(args.cache, cache)
@@ -163,13 +170,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--rounds", type=int, default=0, help="rounds per grid (0: PROBES' count)")
     m.add_argument("--again", action="store_true", help="re-time probes already cached")
     t = sub.add_parser("table", help="tables per family and resolution from the cache")
-    t.add_argument("--families", nargs="+", default=list(PROBES), choices=list(PROBES))
+    t.add_argument("--families", nargs="+", default=list(PROBES), choices=list(rs.FAMILIES))
     t.add_argument("--settings", type=Path, default=None, help="JSON list of settings (Setting fields) to tabulate")
     t.add_argument("--out", type=Path, default=None)
     q = sub.add_parser("predict", help="one prediction")
-    q.add_argument("--family", required=True, choices=list(PROBES))
+    q.add_argument("--family", required=True, choices=list(rs.FAMILIES))
     q.add_argument("--resolution", default="1024", choices=list(rs.RESOLUTIONS))
-    q.add_argument("--frames", type=int, default=81)
+    q.add_argument("--frames", type=int, default=0, help="video frames (0: the family's usual count)")
     q.add_argument("--steps", type=int, default=None)
     q.add_argument("--sampler", default=None)
     q.add_argument("--scheduler", default=None)

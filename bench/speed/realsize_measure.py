@@ -78,17 +78,17 @@ def conditioning(name: str, batch: int, device: str, dtype: torch.dtype, text_di
     comfy.model_base.Lumina2.extra_conds passes it)."""
     fam = rs.family(name)
     gen = torch.Generator().manual_seed(1)
-    dims = {"flux": 4096, "flux2": 15360, "zimage": 2560, "sdxl": 2048, "sd15": 768, "sd35_large": 4096, "qwen_image": 3584,
-            "wan14b": 4096, "wan1.3b": 4096, "hunyuan_video": 4096}
-    out = {"c_crossattn": torch.randn((batch, fam.text_len, text_dim or dims[name]), generator=gen)}
-    pooled = {"flux": 768, "sdxl": 2816, "sd35_large": 2048, "hunyuan_video": 768}.get(name)
+    dims = {"sdxl": 2048, "sd15": 768, "sd35_large": 4096, "qwen_image": 3584}
+    width = text_dim or dims.get(name) or next(fam.unet_config[k] for k in TEXT_DIM_KEYS if k in fam.unet_config)
+    out = {"c_crossattn": torch.randn((batch, fam.text_len, width), generator=gen)}
+    pooled = {"sdxl": 2816, "sd35_large": 2048}.get(name) or fam.unet_config.get("vec_in_dim")
     if pooled:
         out["y"] = torch.randn((batch, pooled), generator=gen)
-    if name in ("flux", "flux2", "hunyuan_video"):
+    if fam.unet_config.get("guidance_embed"):
         out["guidance"] = torch.full((batch,), 3.5)
     cond: dict[str, Any] = {k: v.to(device, dtype if v.is_floating_point() and k != "guidance" else v.dtype)
                             for k, v in out.items()}
-    if name == "zimage":
+    if fam.config_class == "ZImage":
         cond["num_tokens"] = fam.text_len
     return cond
 
@@ -97,13 +97,15 @@ def latent(name: str, grid: rs.Grid, batch: int, device: str) -> torch.Tensor:
     """The noisy latent a call on `grid` takes (B, C, [F,] H, W)."""
     fam = rs.family(name)
     gen = torch.Generator().manual_seed(0)
-    channels = fam.unet_config.get("in_channels", fam.unet_config.get("in_dim", 16))
+    config = fam.unet_config | fam.reduced
+    channels = config.get("in_channels", config.get("in_dim", 16))
     channels = 16 if name == "qwen_image" else channels
-    patch = fam.unet_config.get("patch_size", 2)
+    patch = config.get("patch_size", 2)
+    patch = patch[-1] if isinstance(patch, (list, tuple)) else patch
     if fam.unet:
         shape = (batch, channels, grid.height, grid.width)
     elif fam.video or name == "qwen_image":
-        shape = (batch, channels, grid.frames, 2 * grid.height, 2 * grid.width)
+        shape = (batch, channels, grid.frames, patch * grid.height, patch * grid.width)
     else:
         shape = (batch, channels, patch * grid.height, patch * grid.width)
     return torch.randn(shape, generator=gen).to(device)
@@ -138,6 +140,16 @@ class BlockTimer:
 
         return timed
 
+    def wrap_layer(self, kind: str, fn: Callable) -> Callable:
+        """A layer forward whose first argument is the whole sequence x (B, L, C) (Lumina2 / Z-Image)."""
+        def timed(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            start = self.clock.now()
+            out = fn(x, *args, **kwargs)
+            self.records.append((kind, int(x.shape[1]), self.clock.now() - start))
+            return out
+
+        return timed
+
 
 DIT_KEYS = {"double": "double_block", "single": "single_block", "joint": "double_block", "joint_last": "double_block"}
 
@@ -158,6 +170,13 @@ def install_timers(patcher: Any, name: str, timer: BlockTimer) -> None:
                     return type(module).forward(module, x, context=context, transformer_options=transformer_options)
 
             patcher.object_patches[key] = timer.wrap_forward(kind, inner)
+        return
+    if fam.unet_config.get("image_model") == "lumina2":  # lumina2.apply object-patches each main layer's forward
+        hooks = rs.pack_module("nodes.machinery.hooks")
+        for i, layer in enumerate(dm.layers):
+            key = hooks.forward_patch_key(f"layers.{i}")
+            inner = patcher.object_patches.get(key) or layer.forward
+            patcher.object_patches[key] = timer.wrap_layer("double", inner)
         return
     options = patcher.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})

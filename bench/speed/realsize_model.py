@@ -34,6 +34,13 @@ from . import realsize_setup as rs
 HEADS: dict[str, dict[str, tuple[int, int]]] = {
     "flux": {"double": (24, 128), "single": (24, 128)},
     "hunyuan_video": {"double": (24, 128), "single": (24, 128)},
+    "hunyuan_video15": {"double": (16, 128)},
+    "flux2": {"double": (48, 128), "single": (48, 128)},
+    "flux2_klein4b": {"double": (24, 128), "single": (24, 128)},
+    "flux2_klein9b": {"double": (32, 128), "single": (32, 128)},
+    "zimage": {"double": (30, 128)},
+    "zimage_base": {"double": (30, 128)},
+    "longcat_image": {"double": (24, 128), "single": (24, 128)},
     "sdxl": {"unet640": (10, 64), "unet1280": (20, 64)},
     "sd15": {"unet320": (8, 40), "unet640": (8, 80), "unet1280": (8, 160)},
     "sd35_large": {"joint": (38, 64), "joint_last": (38, 64)},
@@ -159,9 +166,10 @@ def block_length(name: str, kind: str, tokens: int) -> int:
 
 def fit_family(name: str, cache: dict[str, Any]) -> FamilyCost:
     """Curves of every kind of `name` from the cached probes and attention probes."""
-    records = [r for r in cache["probes"] if r["family"] == name]
+    probed = rs.family(name).probed
+    records = [r for r in cache["probes"] if r["family"] == probed]
     if not records:
-        raise ValueError(f"no probe of {name}: run `python -m bench.speed.realsize measure --families {name}`")
+        raise ValueError(f"no probe of {probed}: run `python -m bench.speed.realsize measure --families {probed}`")
     curves = {}
     for kind, (heads, head_dim) in HEADS[name].items():
         alpha, beta = attention_fit(cache["attention"], head_dim)

@@ -54,7 +54,11 @@ class RealFamily:
     overrides of the few-block model that is timed (same width, same non-block layers); text_len:
     T of the usual prompt (ComfyUI's tokenizer minimum); steps / sampler / scheduler / cfg: the
     usual run (cfg > 1: a cond and an uncond evaluation per step, batched into one call of batch 2);
-    video: tokens have a frame axis (latent frames = (frames - 1) // 4 + 1).
+    video: tokens have a frame axis (latent frames = (frames - 1) // 4 + 1); frames: the usual
+    frame count. probes: another family whose timed blocks are the same classes at the same width
+    (its probes price this one). template: the ComfyUI workflow template the usual run is read from.
+    scheduler "flux2" is the Flux2Scheduler node (comfy_extras.nodes_flux: its own shift from the
+    image size and step count), as ComfyUI 0.33's Flux.2 templates wire it.
     """
 
     name: str
@@ -69,6 +73,15 @@ class RealFamily:
     cfg: float
     sampling: Sampling = Sampling()
     video: bool = False
+    probes: str | None = None
+    frames: int = 81
+    template: str = ""
+
+    @property
+    def probed(self) -> str:
+        """The family whose probes time this one's blocks (itself, or one with the same block classes
+        at the same width)."""
+        return self.probes or self.name
 
     @property
     def unet(self) -> bool:
@@ -112,13 +125,38 @@ _HUNYUAN = {"image_model": "hunyuan_video", "in_channels": 16, "out_channels": 1
             "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 20,
             "depth_single_blocks": 40, "axes_dim": [16, 56, 56], "theta": 256, "patch_size": [1, 2, 2],
             "qkv_bias": True, "guidance_embed": True, "byt5": False, "meanflow": False}
+_HUNYUAN15 = _HUNYUAN | {"in_channels": 65, "out_channels": 32, "vec_in_dim": None, "context_in_dim": 3584, "hidden_size": 2048,
+                         "num_heads": 16, "depth": 54, "depth_single_blocks": 0, "patch_size": [1, 1, 1], "guidance_embed": False,
+                         "use_cond_type_embedding": True, "vision_in_dim": 1152, "meanflow_sum": True}
+"""HunyuanVideo 1.5 (720p T2V) as comfy.model_detection reads it: 54 double blocks at hidden 2048 (16 heads
+of 128), no single blocks, patch 1 on the 16x VAE's 32-channel latent plus 33 concat channels. Its
+ByT5 glyph tokens are left out (they come only with quoted text in the prompt)."""
+_KLEIN4B = _FLUX2 | {"hidden_size": 3072, "num_heads": 24, "depth": 5, "depth_single_blocks": 20, "context_in_dim": 7680,
+                     "guidance_embed": False}
+_KLEIN9B = _FLUX2 | {"hidden_size": 4096, "num_heads": 32, "depth": 8, "depth_single_blocks": 24, "context_in_dim": 12288,
+                     "guidance_embed": False}
+"""Flux.2 Klein 4B / 9B: the Flux.2 blocks at hidden 3072 / 4096, 5 + 20 / 8 + 24 blocks, Qwen3-4B / 8B
+text (3 layers stacked: 7680 / 12288), no guidance embedding (the distilled models run cfg 1)."""
+_LONGCAT = _FLUX | {"depth": 10, "depth_single_blocks": 20, "context_in_dim": 3584, "vec_in_dim": None, "guidance_embed": False,
+                    "txt_ids_dims": [1, 2]}
+"""LongCat-Image: Flux.1's block classes at hidden 3072 (10 double + 20 single), Qwen2.5-VL text, no pooled
+vector or guidance (comfy.supported_models.LongCatImage)."""
 
 FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
     RealFamily("flux", "Flux.1-dev", "Flux", _FLUX, {"depth": 1, "depth_single_blocks": 1}, 256, 20, "euler", "simple", 1.0,
                Sampling("flux")),
-    RealFamily("flux2", "Flux.2-dev", "Flux2", _FLUX2, {"depth": 1, "depth_single_blocks": 1}, 512, 28, "euler", "simple", 1.0),
-    RealFamily("zimage", "Z-Image Turbo", "ZImage", _ZIMAGE, {"n_layers": 1, "n_refiner_layers": 1}, 128, 8, "euler", "simple",
-               1.0),
+    RealFamily("flux2", "Flux.2-dev", "Flux2", _FLUX2, {"depth": 1, "depth_single_blocks": 1}, 512, 20, "euler", "flux2", 1.0,
+               template="image_flux2_text_to_image"),
+    RealFamily("flux2_klein4b", "Flux.2 Klein 4B", "Flux2", _KLEIN4B, {"depth": 1, "depth_single_blocks": 1}, 512, 4, "euler",
+               "flux2", 1.0, template="image_flux2_klein_text_to_image (distilled)"),
+    RealFamily("flux2_klein9b", "Flux.2 Klein 9B", "Flux2", _KLEIN9B, {"depth": 1, "depth_single_blocks": 1}, 512, 4, "euler",
+               "flux2", 1.0, template="as Klein 4B distilled (4 steps, cfg 1)"),
+    RealFamily("zimage", "Z-Image Turbo", "ZImage", _ZIMAGE, {"n_layers": 1}, 128, 8, "res_multistep", "simple", 1.0,
+               Sampling("aura", 3.0), template="image_z_image_turbo"),
+    RealFamily("zimage_base", "Z-Image", "ZImage", _ZIMAGE, {"n_layers": 1}, 128, 25, "res_multistep", "simple", 4.0,
+               Sampling("aura", 3.0), probes="zimage", template="image_z_image"),
+    RealFamily("longcat_image", "LongCat-Image", "LongCatImage", _LONGCAT, {"depth": 1, "depth_single_blocks": 1}, 512, 20, "euler",
+               "simple", 4.0, probes="flux", template="image_longcat_text_to_image"),
     RealFamily("sdxl", "SDXL", "SDXL", _SDXL,
                {"transformer_depth": [0, 0, 1, 1, 1, 1], "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1],
                 "transformer_depth_middle": 1}, 77, 30, "euler", "normal", 7.0),
@@ -133,6 +171,8 @@ FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
                {"num_layers": 1}, 512, 30, "euler", "simple", 6.0, Sampling("sd3", 8.0, {"720p": 5.0}), video=True),
     RealFamily("hunyuan_video", "HunyuanVideo", "HunyuanVideo", _HUNYUAN, {"depth": 1, "depth_single_blocks": 1}, 256, 20,
                "euler", "simple", 1.0, video=True),
+    RealFamily("hunyuan_video15", "HunyuanVideo 1.5", "HunyuanVideo15", _HUNYUAN15, {"depth": 1, "in_channels": 32}, 256, 20,
+               "euler", "simple", 6.0, Sampling("sd3", 7.0), video=True, frames=121, template="video_hunyuan_video_1.5_720p_t2v"),
 )}
 
 RESOLUTIONS: dict[str, tuple[int, int]] = {"256": (256, 256), "384": (384, 384), "512": (512, 512), "768": (768, 768), "1024": (1024, 1024), "2048": (2048, 2048),
@@ -300,20 +340,38 @@ def run_sigmas(name: str, resolution: str, steps: int, scheduler: str) -> torch.
     """This run's sigma schedule from ComfyUI's scheduler code on the family's model_sampling."""
     import comfy.samplers
 
+    if scheduler == "flux2":
+        from comfy_extras.nodes_flux import Flux2Scheduler
+
+        width, height = RESOLUTIONS[resolution]
+        return torch.as_tensor(Flux2Scheduler.execute(steps, width, height).args[0]).float()
     return comfy.samplers.calculate_sigmas(model_sampling(name, resolution), scheduler, steps).float()
 
 
-def evaluated_sigmas(sampler: str, sigmas: torch.Tensor) -> list[float]:
+class _Recorder:
+    """A denoiser that returns zeros and records the sigmas it is called at. Samplers that read the
+    model's sampling (res_multistep's noise_scale, the CONST checks) find the workflow's patcher
+    where ComfyUI's KSampler puts it (model.inner_model.model_patcher / .inner_model)."""
+
+    def __init__(self, patcher: Any) -> None:
+        self.seen: list[float] = []
+        if patcher is not None:
+            self.inner_model = type("Inner", (), {"model_patcher": patcher, "inner_model": patcher.model})()
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, **_: Any) -> torch.Tensor:
+        self.seen.append(float(sigma.flatten()[0]))
+        return torch.zeros_like(x)
+
+
+def evaluated_sigmas(sampler: str, sigmas: torch.Tensor, patcher: Any = None) -> list[float]:
     """The sigmas a ComfyUI sampler evaluates the model at for this schedule, recorded by running its
-    own code (comfy.k_diffusion.sampling.sample_<name>, or uni_pc) on a denoiser that returns zeros."""
+    own code (comfy.k_diffusion.sampling.sample_<name>, or uni_pc) on a denoiser that returns zeros
+    (`patcher`: the workflow's model, for samplers that read its model_sampling)."""
     import comfy.k_diffusion.sampling as kd
     from comfy.extra_samplers import uni_pc
 
-    seen: list[float] = []
-
-    def denoiser(x: torch.Tensor, sigma: torch.Tensor, **_: Any) -> torch.Tensor:
-        seen.append(float(sigma.flatten()[0]))
-        return torch.zeros_like(x)
+    denoiser = _Recorder(patcher)
+    seen = denoiser.seen
 
     fn = {"uni_pc": uni_pc.sample_unipc, "uni_pc_bh2": uni_pc.sample_unipc_bh2}.get(sampler) or getattr(kd, f"sample_{sampler}")
     x = torch.zeros((1, 4, 8, 8))
@@ -332,7 +390,8 @@ def evaluations(name: str, resolution: str, schedule: Any, steps: int | None = N
     window = schedule.window(model_sampling(name, resolution).percent_to_sigma)
     listed = [float(s) for s in sigmas]
     out = []
-    for sigma in evaluated_sigmas(sampler or fam.sampler, sigmas):
+    patcher = workflow_patcher(name, meta_patcher(name), resolution)
+    for sigma in evaluated_sigmas(sampler or fam.sampler, sigmas, patcher):
         decision = schedule.decide(sigma, listed, window)
         out.append(Evaluation(decision.step, sigma, decision.merge, decision.reselect))
     return out

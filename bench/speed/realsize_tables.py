@@ -24,7 +24,7 @@ def resolutions_of(name: str) -> list[str]:
 def run_text(name: str, resolution: str) -> str:
     fam = rs.family(name)
     calls = rs.calls_per_evaluation(name)
-    frames = ", 81 frames" if fam.video else ""
+    frames = f", {fam.frames} frames" if fam.video else ""
     return (f"{fam.steps} steps {fam.sampler} / {fam.scheduler}, {rs.sampling_text(name, resolution)}, "
             f"cfg {fam.cfg:g} ({calls} sample{'s' if calls > 1 else ''} per call){frames}")
 
@@ -34,7 +34,7 @@ def family_table(cache: dict[str, Any], name: str, resolution: str, settings: li
     cost = model.fit_family(name, cache)
     fam = rs.family(name)
     width, height = rs.RESOLUTIONS[resolution]
-    grid = rs.grid_for(name, width, height, 81)
+    grid = rs.grid_for(name, width, height, fam.frames)
     measured = grid.tokens in cost.probe_tokens
     tokens = (f"latent {grid.height} x {grid.width}: {grid.level(2).tokens:,} tokens at the 1/2 level, {grid.level(4).tokens:,} at 1/4"
               if fam.unet else f"{grid.tokens:,} image tokens + {fam.text_len} text")
@@ -44,7 +44,7 @@ def family_table(cache: dict[str, Any], name: str, resolution: str, settings: li
             + f" Clock spread over repeats: {_pct(cost.noise)}.")
     rows = ["| setting | evaluations merged | blocks merged | per merged block | predicted speed-up |", "|---|---:|---:|---|---:|"]
     for s in settings:
-        p = model.predict(cost, resolution, s, 81, plan_ms=plans)
+        p = model.predict(cost, resolution, s, fam.frames, plan_ms=plans)
         per = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(p.per_block_speedup.items()))
         rows.append(f"| {s.label()} | {p.merged_evaluations}/{p.evaluations} | {p.blocks_merged}/{p.blocks} | {per} | **{p.speedup:.2f}x** |")
     return head + "\n\n" + "\n".join(rows)
@@ -57,8 +57,9 @@ def _pct(x: float) -> str:
 def all_tables(cache: dict[str, Any], families: list[str], plans: Any, settings: list[model.Setting]) -> str:
     out = []
     for name in families:
-        if not any(r["family"] == name for r in cache["probes"]):
-            out.append(f"**{rs.family(name).title}**: not measured yet (`python -m bench.speed.realsize measure --families {name}`).")
+        probed = rs.family(name).probed
+        if not any(r["family"] == probed for r in cache["probes"]):
+            out.append(f"**{rs.family(name).title}**: not measured yet (`python -m bench.speed.realsize measure --families {probed}`).")
             continue
         for resolution in resolutions_of(name):
             out.append(family_table(cache, name, resolution, settings, plans))
