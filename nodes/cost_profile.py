@@ -27,17 +27,17 @@ from .settings import ToMASettings
 AUTO_MIN_SPEEDUP = 1.05
 """min_tokens "auto": a call merges only when its predicted speed-up is at least this (a few percent)."""
 
-WIDTH_ATTRIBUTES = ("hidden_size", "dim", "inner_dim")
+WIDTH_ATTRIBUTES = ("hidden_size", "dim", "inner_dim", "model_dim")
 """Attributes of ComfyUI's DiT classes holding the block width C (Flux/SD3/HunyuanVideo, Wan/Lumina2,
-Qwen-Image/HiDream)."""
+Qwen-Image/HiDream, Kandinsky 5)."""
 
 BLOCK_LISTS = (
     "double_blocks", "single_blocks", "joint_blocks", "transformer_blocks", "layers", "noise_refiner",
-    "blocks", "double_stream_blocks", "single_stream_blocks",
+    "blocks", "double_stream_blocks", "single_stream_blocks", "visual_transformer_blocks",
 )
 """ModuleList attributes of ComfyUI's DiT classes holding their transformer blocks on image tokens."""
 
-CROSS_ATTENTION_FAMILIES = frozenset({"wan"})
+CROSS_ATTENTION_FAMILIES = frozenset({"wan", "kandinsky5"})
 """DiT families whose text is cross-attention (not in the blocks' self-attention)."""
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .contract import FamilyAdapter
-from .families import flux, hidream, hunyuan_video, lumina2, qwen_image, sd3, unet, wan
+from .families import flux, hidream, hunyuan_video, kandinsky5, lumina2, qwen_image, sd3, unet, wan
 from .settings import ToMASettings
 
 Apply = Callable[..., FamilyAdapter]
@@ -56,10 +56,10 @@ class Refusal:
 FAMILIES: tuple[Family, ...] = (
     Family(
         "flux", ("comfy.ldm.flux.model:Flux", "comfy.ldm.chroma.model:Chroma"), flux.apply, "Flux",
-        "Flux.1 dev, schnell, Fill, Kontext; Chroma (incl. Radiance)",
+        "Flux.1 dev, schnell, Fill, Kontext; Flux.2 dev, Klein 4B / 9B (incl. multi-reference editing) and LongCat-Image (ComfyUI 0.33); Chroma (incl. Radiance)",
         "Replaces the dit double/single blocks. Text tokens and Kontext reference-image tokens pass through unmerged; reference tokens of ComfyUI 0.33's `index_timestep_zero` method keep their own modulation.",
         "`scope = attention`: double blocks merge q/k/v after ComfyUI's rope (see below).",
-        "Flux (incl. Kontext, Fill), Chroma", "double:1-4,single:5-19",
+        "Flux (incl. Kontext, Fill), Flux.2, LongCat-Image, Chroma", "double:1-4,single:5-19",
     ),
     Family(
         "unet", ("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel",), unet.apply, "UNet",
@@ -77,7 +77,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "qwen_image", ("comfy.ldm.qwen_image.model:QwenImageTransformer2DModel",), qwen_image.apply, "Qwen-Image",
-        "Qwen-Image, Qwen-Image-Edit (incl. 2511's `index_timestep_zero` references), layered (multi-frame) latents",
+        "Qwen-Image (incl. 2512), Qwen-Image-Edit (2509, 2511 with `index_timestep_zero` references), Qwen-Image-Layered (multi-frame latents): one class",
         "Replaces the dit blocks (`double:` in `blocks`); merged tokens take their destinations' rope rows. Edit reference-image tokens pass through unmerged with their own modulation; each layer of a layered latent merges on its own.",
         "`scope = block` only; no `proportional_attention`. Edit: the reference tokens are not merged, so the gain is smaller (about half the tokens stay).",
         "Qwen-Image(-Edit)", "double:5-23",
@@ -102,6 +102,13 @@ FAMILIES: tuple[Family, ...] = (
         "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
         "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
         "Wan", "blocks:5-29", video=True,
+    ),
+    Family(
+        "kandinsky5", ("comfy.ldm.kandinsky5.model:Kandinsky5",), kandinsky5.apply, "Kandinsky 5",
+        "Kandinsky 5.0 Video Lite / Pro (T2V, I2V), Image Lite (ComfyUI 0.33)",
+        "Object-patches each selected visual block (`blocks:` in `blocks`); spatio-temporal tiles as for Wan (frame 0 alone); text is cross-attention and never merged, the text blocks run as they are; merged tokens take their destinations' rope rows.",
+        "`scope = block` only; no `proportional_attention`. Tested on tiny models of ComfyUI's class; quality not measured on real weights.",
+        "Kandinsky 5", "blocks:5-29", video=True,
     ),
     Family(
         "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), hidream.apply, "HiDream",
@@ -155,11 +162,6 @@ REFUSED: tuple[Refusal, ...] = (
         "it adds face, pose, music, audio or camera features to the video tokens between or inside the "
         "blocks outside the Wan block call; not adapted yet: an adapter would need those injections to "
         "see the merged tokens",
-    ),
-    Refusal(
-        "Kandinsky 5", ("comfy.ldm.kandinsky5.model:Kandinsky5",),
-        "not adapted yet: an adapter would need to tile its (B, T*H*W, C) visual blocks with their "
-        "3-D rope table and keep the text cross-attention",
     ),
     Refusal(
         "HiDream-O1", ("comfy.ldm.hidream_o1.model:HiDreamO1Transformer",),

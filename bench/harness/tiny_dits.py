@@ -1,5 +1,5 @@
 """Tiny, randomly initialised DiTs of the families beyond Flux, SDXL and Wan (SD3, Qwen-Image,
-Lumina2, Z-Image, HunyuanVideo, HiDream, Flux.2, LongCat-Image), built from ComfyUI's own ``comfy.supported_models`` classes and
+Lumina2, Z-Image, HunyuanVideo, HiDream, Flux.2, LongCat-Image, Kandinsky 5), built from ComfyUI's own ``comfy.supported_models`` classes and
 their unet configs at toy width and depth, with conditioning shaped for each. Weights are filled by ``tiny_models.init_weights``.
 
 Import only once ComfyUI is importable (the ``tiny`` fixture makes sure).
@@ -192,6 +192,28 @@ def build_longcat(seed: int = 0, **overrides: Any) -> Any:
     return None if config_cls is None else build(config_cls, longcat_config(**overrides), seed)
 
 
+def kandinsky5_config(image: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Kandinsky 5 (comfy.model_detection's kandinsky5 branch) at toy width: model width 64, 4 heads
+    of 16 (rope axes 4/6/6), 1 text block and 3 visual blocks, text features 32 (Qwen2.5-VL's 3584 in
+    the real model), pooled 24 (CLIP's 768). Video (Lite / Pro): 16 latent channels plus the concat
+    image and mask ((16 + 16 + 1) x 2 x 2 = 132 patch features, comfy.model_base.Kandinsky5.concat_cond);
+    image (Image Lite): the 16 channels alone (64 features)."""
+    return {
+        "image_model": "kandinsky5", "model_dim": 64, "ff_dim": 128, "time_dim": 32, "axes_dims": (4, 6, 6),
+        "in_text_dim": 32, "in_text_dim2": 24, "num_text_blocks": 1, "num_visual_blocks": 3,
+        "visual_embed_dim": 64 if image else 132,
+    } | overrides
+
+
+def build_kandinsky5(seed: int = 0, image: bool = False, **overrides: Any) -> Any:
+    """A tiny Kandinsky 5 (``comfy.supported_models.Kandinsky5``, or ``Kandinsky5Image`` with
+    `image`); None on a ComfyUI without that class (0.3.64)."""
+    import comfy.supported_models
+
+    config_cls = getattr(comfy.supported_models, "Kandinsky5Image" if image else "Kandinsky5", None)
+    return None if config_cls is None else build(config_cls, kandinsky5_config(image, **overrides), seed)
+
+
 def build_hidream(seed: int = 0, **overrides: Any) -> Any:
     import comfy.supported_models
 
@@ -218,6 +240,8 @@ def conditioning(family: str, seed: int, text_len: int = 12, **extras: Any) -> l
     if family == "hidream":
         extras.setdefault("pooled_output", torch.randn((1, 24), generator=gen))
         extras.setdefault("conditioning_llama3", torch.randn((1, 4, text_len, 32), generator=gen))
+    if family == "kandinsky5":
+        extras.setdefault("pooled_output", torch.randn((1, 24), generator=gen))
     if family == "lumina2":
         extras.setdefault("attention_mask", torch.ones((1, text_len), dtype=torch.long))
     return [[torch.randn((1, text_len, 32), generator=gen), extras]]

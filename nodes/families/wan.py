@@ -37,10 +37,10 @@ from typing import Any
 import torch
 
 from ...toma_core.video import Segment, SegmentPlan, frame_runs
-from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, CallGeometry, Unmerged
+from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import DitBlocks, parse_dit_blocks
 from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
-from ..machinery.geometry import text_length
+from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
 from ..runtime import CallContext
@@ -51,18 +51,6 @@ log = logging.getLogger(__name__)
 PLAN_SLOT = "wan"
 
 S2V_REASON = "Wan S2V (WanModel_S2V): blocks get no transformer_options and a per-segment modulation"
-
-
-@dataclass(frozen=True)
-class VideoGeometry(CallGeometry):
-    """CallGeometry of a Wan call: `frames` video frames of height x width tokens (N = tokens), plus
-    pass-through frames before (Fun reference) and after (Phantom); `segments` in token order."""
-
-    segments: tuple[Segment, ...] = ()
-
-    @property
-    def all_frames(self) -> int:
-        return sum(s.frames for s in self.segments)
 
 
 @dataclass(frozen=True)

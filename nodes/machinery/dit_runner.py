@@ -1,6 +1,6 @@
 """A merged run of one block whose image tokens are a span of one argument, for the DiT families:
 Qwen-Image and SD3 double blocks (image stream `img` = [image; references] beside the text stream
-`txt`), HunyuanVideo's double and single blocks, Wan's blocks, Lumina2's layers and HiDream's blocks.
+`txt`), HunyuanVideo's double and single blocks, Wan's blocks, Lumina2's layers, HiDream's and Kandinsky 5's blocks.
 
     x = seq[:, start:start+N]                  the main image grid (B, N, C)
     block(seq with M x in place of x, every per-token table gathered to the destinations)

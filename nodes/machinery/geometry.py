@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ...toma_core.video import Segment
 from ..contract import CallGeometry, Unmerged
 
 
@@ -59,3 +60,16 @@ class DitAdapter:
             return CallGeometry(1, 1, text_len, 0, grid.reason)
         refs = kwargs.get(self.refs_key) if self.refs_key else None
         return CallGeometry(grid[0], grid[1], text_len, reference_tokens(refs, self.patch_size))
+
+
+@dataclass(frozen=True)
+class VideoGeometry(CallGeometry):
+    """CallGeometry of a video DiT call whose blocks see frame segments (Wan, Kandinsky 5): `frames`
+    video frames of height x width tokens (N = tokens), plus pass-through frames (Wan's Fun reference
+    before, Phantom after); `segments` in token order (toma_core.video.Segment)."""
+
+    segments: tuple[Segment, ...] = ()
+
+    @property
+    def all_frames(self) -> int:
+        return sum(s.frames for s in self.segments)

@@ -27,6 +27,7 @@ STREAMS = {
     "qwen_image": {"double": "transformer_blocks"},
     "lumina2": {"layers": "layers"},
     "wan": {"blocks": "blocks"},
+    "kandinsky5": {"blocks": "visual_transformer_blocks"},
 }
 """The `blocks` groups of each DiT family and the diffusion-model attribute each counts (as in
 nodes/families/<family>.py)."""
@@ -63,7 +64,8 @@ def _dits(name: str, **counts: Any) -> Callable[[], dict[str, Any]]:
     from bench.harness import tiny_dits, tiny_wan
 
     configs = {"sd3": tiny_dits.sd3_config, "lumina": tiny_dits.lumina_config, "zimage": tiny_dits.zimage_config,
-               "hunyuan15": tiny_dits.hunyuan15_config, "hidream": tiny_dits.hidream_config, "wan": tiny_wan.wan_config}
+               "hunyuan15": tiny_dits.hunyuan15_config, "hidream": tiny_dits.hidream_config, "wan": tiny_wan.wan_config,
+               "kandinsky5": tiny_dits.kandinsky5_config}
     return lambda: configs[name](**counts)
 
 
@@ -82,6 +84,9 @@ MODELS: list[tuple[str, str, Callable[[], Any]]] = [
     ("wan", "Wan 2.1 / 2.2 14B (40)", _full("wan14b")),
     ("wan", "Wan 2.1 1.3B (30)", _full("wan1.3b")),
     ("wan", "Wan 2.2 5B (30)", _tiny("WAN22_T2V", _dits("wan", num_layers=30, in_dim=48, out_dim=48))),
+    ("kandinsky5", "Kandinsky 5 Video Lite (32)", _tiny("Kandinsky5", _dits("kandinsky5", num_visual_blocks=32))),
+    ("kandinsky5", "Kandinsky 5 Image Lite (50)", _tiny("Kandinsky5Image", _dits("kandinsky5", image=True, num_visual_blocks=50))),
+    ("kandinsky5", "Kandinsky 5 Video Pro (60)", _tiny("Kandinsky5", _dits("kandinsky5", num_visual_blocks=60))),
     ("hidream", "HiDream-I1 (16 + 32)", _tiny("HiDream", _dits("hidream", num_layers=16, num_single_layers=32, llama_layers=[31] * 48))),
     ("unet", "SDXL", _full("sdxl")),
     ("unet", "SD1.5", _full("sd15")),
