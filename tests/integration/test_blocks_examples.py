@@ -119,3 +119,18 @@ def test_readme_shows_only_the_registry_examples() -> None:
     examples = {f.blocks_example for f in registry.FAMILIES}
     shown = {m for m in BLOCK_LIST.findall((PACK_ROOT / "README.md").read_text(encoding="utf-8")) if re.search(r"\d", m)}
     assert shown <= examples, f"README quotes block lists that are not registry examples: {shown - examples}"
+
+
+@pytest.mark.parametrize("family, model, build", [m for m in MODELS if m[0] != "unet"], ids=[m for f, m, _ in MODELS if f != "unet"])
+def test_cost_profile_sees_every_block_and_the_width(comfy, family: str, model: str, build: Callable[[], Any]) -> None:
+    """min_tokens "auto" prices a DiT from the block lists and width nodes/cost_profile.py reads off
+    the diffusion model: a family whose blocks or width it does not find would be priced at 0 blocks
+    and never merge. Its blocks must cover every block the `blocks` setting can select."""
+    cost_profile, settings = pack_module("nodes.cost_profile"), pack_module("nodes.settings")
+    dm = build()
+    selectable = sum(len(getattr(dm, attr)) for attr in STREAMS[family].values())
+    video = next(f.video for f in registry.FAMILIES if f.name == family)
+    profile = cost_profile.build_profile(family, dm, selectable, settings.ToMASettings(), video)
+    assert profile.width > 0, (model, "no width attribute in cost_profile.WIDTH_ATTRIBUTES")
+    assert sum(b.count for b in profile.blocks) >= selectable, (model, "block lists missing from cost_profile.BLOCK_LISTS")
+    assert sum(b.count for b in profile.blocks if b.merged) == selectable
