@@ -137,12 +137,16 @@ def hunyuan15_config(**overrides: Any) -> dict[str, Any]:
     ) | overrides
 
 
-def build_hunyuan15(seed: int = 0, **overrides: Any) -> Any:
-    """A tiny HunyuanVideo 1.5 (``comfy.supported_models.HunyuanVideo15``, the HunyuanVideo class);
-    None on a ComfyUI without that class (0.3.64)."""
+def build_hunyuan15(seed: int = 0, sr: bool = False, **overrides: Any) -> Any:
+    """A tiny HunyuanVideo 1.5 (``comfy.supported_models.HunyuanVideo15``, the HunyuanVideo class), or
+    with `sr` its super-resolution model (``HunyuanVideo15_SR_Distilled``: the noise, the upscaled
+    low-resolution latent and its noise-augmentation channels, 32 + 66 in); None on a ComfyUI without
+    that class (0.3.64)."""
     import comfy.supported_models
 
-    config_cls = getattr(comfy.supported_models, "HunyuanVideo15", None)
+    config_cls = getattr(comfy.supported_models, "HunyuanVideo15_SR_Distilled" if sr else "HunyuanVideo15", None)
+    if sr:
+        overrides.setdefault("in_channels", 98)
     return None if config_cls is None else build(config_cls, hunyuan15_config(**overrides), seed)
 
 

@@ -338,6 +338,31 @@ def test_hunyuan_video_1_5(hunyuan15: Any, tiny: Any, toma: Any, blocks: str) ->
     fc.check_passthrough_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks=blocks)
 
 
+@pytest.mark.parametrize("kind", ["i2v", "sr"])
+def test_hunyuan_video_1_5_image_to_video_and_super_resolution(tiny: Any, toma: Any, kind: str) -> None:
+    """HunyuanVideo 1.5 image-to-video (the input image's latent concatenated on the channels,
+    comfy.model_base.HunyuanVideo15.concat_cond) and its super-resolution model (the low-resolution
+    latent on the channels, HunyuanVideo15_SR_Distilled): the same token layout as text-to-video, so
+    ratio 0 is exact and the 21 text rows reach the first merged attention as unpatched."""
+    model = tiny_dits.build_hunyuan15(seed=3, sr=kind == "sr")
+    if model is None:
+        pytest.skip("ComfyUI 0.3.64 has no comfy.supported_models.HunyuanVideo15 / HunyuanVideo15_SR_Distilled")
+    gen = torch.Generator().manual_seed(7)
+    extras: dict[str, Any] = {"concat_latent_image": torch.randn((1, 66, 3, 16, 16), generator=gen)}
+    if kind == "i2v":  # as comfy_extras' HunyuanVideo15ImageToVideo: the image in frame 0, a mask keeping it
+        image = torch.zeros((1, 32, 3, 16, 16))
+        image[:, :, :1] = torch.randn((1, 32, 1, 16, 16), generator=gen)
+        mask = torch.ones((1, 1, 3, 16, 16))
+        mask[:, :, :1] = 0.0
+        extras = {"concat_latent_image": image, "concat_mask": mask}
+    pos, neg = conditioning15(1), conditioning15(2)
+    for cond in (pos, neg):
+        cond[0][1].update(extras)
+    fc.check_ratio_zero(tiny, toma, model, LATENT15, pos, neg)
+    rows = text_rows(tiny, model, LATENT15, pos, neg, TEXT15)
+    fc.check_passthrough_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks="double:0-1")
+
+
 def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
     fc.check_clone_untouched(tiny, toma, hunyuan, LATENT, *conds)
 
