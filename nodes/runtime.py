@@ -17,7 +17,7 @@ Lifetimes:
   samplers in other threads never see them. `live_state` reports what is open now.
 
 Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
-grid (`ctx.plan(...)`, built once per key and reused) and report what they did
+grid (`ctx.plan(...)`, every family's one plan builder, built once per key and reused) and report what they did
 (`ctx.record_block(...)`). At the end of the run one `logging.info` line summarises it.
 
 Plan reuse across calls (recompute_every > 1, Heun's second evaluation, cond/uncond as separate
@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ..toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
+from ..toma_core.video import Segment, make_video_plan
 from .call_timing import CallKey, CallTimer
 from .contract import CallGeometry, ToMAConfig
 from .report import RunStats, format_report
@@ -155,24 +156,29 @@ class CallContext:
     def settings(self) -> ToMASettings:
         return self.state.config.settings
 
-    def plan(self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor]) -> MergePlan:
-        """The merge plan for an h x w grid at `slot` (e.g. "flux" or a UNet level).
+    def plan(
+        self, slot: Any, height: int, width: int, features: Callable[[], torch.Tensor],
+        segments: tuple[Segment, ...] | None = None,
+    ) -> MergePlan:
+        """The merge plan of an h x w grid at `slot` (e.g. "flux", or a UNet level's grid), the one
+        plan builder of every family.
 
-        One per (slot, h, w) in this call: every merged block of a forward at that grid shares it.
-        Reuse across calls (same epoch and batch composition) comes pre-filled by the wrapper, and
-        plans built here are kept for later calls by the wrapper after the call. features() ->
-        (B, h*w, C) is called only when a plan is built. (Video families build segment plans
-        into `plans` themselves: machinery/dit_runner.segment_plan, families/wan.py.)
+        segments: the frame segments of a video grid (toma_core.video: each segment tiled on its own,
+        t x h x w tiles inside it, pass-through segments kept), None for one h x w image.
+        One per (slot, segments, h, w) in this call: every merged block of a forward at that grid
+        shares it. Reuse across calls (same epoch and batch composition) comes pre-filled by the
+        wrapper, and plans built here are kept for later calls by the wrapper after the call.
+        features() -> (B, N, C) is called only when a plan is built.
         """
-        key = (slot, height, width)
+        s = self.settings
+        key = (slot if segments is None else (slot, segments), height, width)
         plan = self.plans.get(key)
         if plan is None:
-            settings = self.settings
-            plan = make_plan(
-                features(), height, width, settings.ratio, settings.tile_size,
-                similarity=settings.similarity, temperature=settings.temperature, budget=settings.budget,
-                unmerge=settings.unmerge,
-            )
+            options = {"similarity": s.similarity, "temperature": s.temperature, "budget": s.budget, "unmerge": s.unmerge}
+            if segments is None:
+                plan = make_plan(features(), height, width, s.ratio, s.tile_size, **options)
+            else:
+                plan = make_video_plan(features(), list(segments), height, width, s.ratio, s.tile_size, **options)
             self.plans[key] = plan
         return plan
 

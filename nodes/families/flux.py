@@ -9,10 +9,12 @@ Each selected block gets a `patches_replace["dit"]` entry. Inside, for a merged 
 
 Text tokens and Kontext reference tokens pass through untouched, with their pe rows; merged
 tokens take their destination's pe rows (plan.take on the pe token axis). Every hook returns N
-image tokens, so ControlNet residuals and step caches keep working. The plan is built by the
-first merged block of a forward from a parameter-free LayerNorm of its image tokens and reused
-by the other blocks (the per-call plan cache in runtime.CallContext). All per-step decisions are
-made eagerly in runtime.apply_model_wrapper; the hooks only read the CallContext.
+image tokens, so ControlNet residuals and step caches keep working. The hooks only say where the
+image tokens and per-token tables are (`double_span`, `single_span`); the merged run is the one
+every DiT family shares (machinery/dit_runner.py): the plan is built by the first merged block of
+a forward from a parameter-free LayerNorm of its image tokens and reused by the other blocks. All
+per-step decisions are made eagerly in wrappers.apply_model_wrapper; the hooks only read the
+CallContext.
 
 Single blocks add to their input in place (`x += ...`): the hook always passes a freshly
 concatenated tensor and keeps its own merged tokens for the delta.
@@ -40,11 +42,12 @@ import torch
 from ...toma_core import MergePlan
 from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
+from ..machinery.dit_runner import ImageSpan, Rows, image_plan, merged_dit_block
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
-from ..machinery.merge import add_key_bias, features, merge_mask, merge_rows, merge_span, unmerge_span
+from ..machinery.merge import add_key_bias, merge_mask
 from ..machinery.skeleton import run_hook
-from ..machinery.spans import RowMove, moved_keyword, span_forward, unless_cut, with_move
+from ..machinery.spans import RowMove, moved_keyword, span_forward, with_move
 from ..runtime import CallContext
 from ..settings import ToMASettings
 from .flux_attention import attention_options
@@ -55,6 +58,7 @@ PLAN_SLOT = "flux"
 """One plan per forward: every Flux block sees the same h x w image grid."""
 
 Block = Callable[[dict], dict]
+"""A dit replace key's `original_block`: args -> the block's outputs."""
 
 SPAN_KEYWORDS = {"double": "modulation_dims_img", "single": "modulation_dims"}
 """The keyword argument of comfy.ldm.flux.layers.DoubleStreamBlock / SingleStreamBlock that holds
@@ -81,7 +85,8 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
     dm = model.get_model_object("diffusion_model")
     sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
     blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
-    install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
+    double = merged_attention if settings.scope == "attention" else merged_double
+    install_dit_hooks(model, sizes, blocks, {"double": double, "single": merged_single})
     spans = bool(getattr(getattr(dm, "params", None), "global_modulation", False))
     paths = {f"{group}_blocks.{i}": (group, spans and blocks.selects(group, i)) for group, count in sizes.items() for i in range(count)}
     install_forward_patches(
@@ -91,79 +96,72 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
     return DitAdapter("flux", blocks.describe(), blocks.count, int(getattr(dm, "patch_size", 2)))
 
 
-def merged_double(args: dict, extra: dict, block: Block) -> dict:
-    """Double block: args img (B, N[+R], C), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
-
-    def merged(ctx: CallContext) -> dict | Unmerged:
-        g = ctx.geometry
-        img, text_len = args["img"], args["txt"].shape[1]
-        if img.shape[1] != g.tokens + g.extra_tokens:
-            return TOKENS_DIFFER
-        if ctx.settings.scope == "attention":
-            return _merged_attention(args, block, ctx, text_len, text_len + img.shape[1])
-        return _merged_block(args, block, ctx, 0, text_len, text_len + img.shape[1])
-
-    return run_hook(args, extra, lambda: block(args), merged)
+def double_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
+    """Double block: args img (B, N[+R], C) (the image first), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
+    g, img, text_len = ctx.geometry, args["img"], args["txt"].shape[1]
+    if img.shape[1] != g.tokens + g.extra_tokens:
+        return TOKENS_DIFFER
+    return image_span(args, ctx, 0, text_len, text_len + img.shape[1])
 
 
-def merged_single(args: dict, extra: dict, block: Block) -> dict:
+def single_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Single block: args img = [txt; img; ref] (B, T+N+R, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
-
-    def merged(ctx: CallContext) -> dict | Unmerged:
-        g = ctx.geometry
-        seq = args["img"]
-        text_len = seq.shape[1] - g.tokens - g.extra_tokens
-        if text_len < 0:
-            return TOKENS_DIFFER
-        return _merged_block(args, block, ctx, text_len, text_len, seq.shape[1])
-
-    return run_hook(args, extra, lambda: block(args), merged)
+    g, seq = ctx.geometry, args["img"]
+    text_len = seq.shape[1] - g.tokens - g.extra_tokens
+    if text_len < 0:
+        return TOKENS_DIFFER
+    return image_span(args, ctx, text_len, text_len, seq.shape[1])
 
 
-def _merged_block(args: dict, block: Block, ctx: CallContext, start: int, text_len: int, length: int) -> dict | Unmerged:
-    """Run `block` (a double or single block) on merged image tokens and unmerge its output.
-
-    The N image tokens sit at [start, start+N) of args img and at [text_len, text_len+N) of the
+def image_span(args: dict, ctx: CallContext, start: int, text_len: int, length: int) -> ImageSpan:
+    """The N image tokens at [start, start+N) of args img and at [text_len, text_len+N) of the
     block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows).
-    A mask of another layout, or modulation spans that cannot follow the merge (spans.SpansCut,
-    raised by the block's forward patch before it runs), run the block unmerged.
-    """
-    seq, n = args["img"], ctx.geometry.tokens
-    prepared = _plan_and_mask(args, ctx, seq[:, start:start + n], text_len, length)
-    if isinstance(prepared, Unmerged):
-        return prepared
-    plan, mask = prepared
-    options = args.get("transformer_options")
-    if per_span_modulation(args["vec"], seq.shape[0]):
-        options = with_move(options, RowMove.of(plan, start))
-    x, x_m, seq_m = merge_span(seq, start, n, plan)
-    merged = dict(args, img=seq_m, pe=merge_rows(args.get("pe"), 2, text_len, n, plan), attn_mask=mask, transformer_options=options)
-    out = unless_cut(lambda: block(merged), options)
-    if isinstance(out, Unmerged):
-        return out
-    return dict(out, img=unmerge_span(out["img"], start, plan, x, x_m))
+    Besides the pe rows, a merged run gets the attention mask merged (with the proportional-attention
+    bias when enabled) and, under per-span modulation, its row move for the block's forward patch
+    (machinery/spans.py); a mask of another layout runs the block unmerged."""
+    n, seq = ctx.geometry.tokens, args["img"]
+
+    def more(plan: MergePlan) -> dict | Unmerged:
+        mask = merged_mask(args, ctx, plan, text_len, length, seq.dtype)
+        if isinstance(mask, Unmerged):
+            return mask
+        if not per_span_modulation(args["vec"], seq.shape[0]):
+            return {"attn_mask": mask}
+        return {"attn_mask": mask, "transformer_options": with_move(args.get("transformer_options"), RowMove.of(plan, start))}
+
+    return ImageSpan(start, (Rows("pe", 2, text_len),), length, more=more, tokens=n)
 
 
-def _merged_attention(args: dict, block: Block, ctx: CallContext, text_len: int, length: int) -> dict | Unmerged:
-    """Run a double block whose attention alone sees merged image tokens (scope "attention")."""
-    prepared = _plan_and_mask(args, ctx, args["img"][:, :ctx.geometry.tokens], text_len, length)
-    if isinstance(prepared, Unmerged):
-        return prepared
-    plan, mask = prepared
-    return block(dict(args, transformer_options=attention_options(args.get("transformer_options"), plan, text_len, mask)))
-
-
-def _plan_and_mask(args: dict, ctx: CallContext, image: torch.Tensor, text_len: int, length: int) -> tuple[MergePlan, torch.Tensor | None] | Unmerged:
-    """This call's plan (built from `image` (B, N, C) if missing) and the block's attention mask
-    merged to the T + D [+ R] layout, with the proportional-attention bias when enabled.
-    Unmerged when the mask has another layout."""
-    g = ctx.geometry
-    plan = ctx.plan(PLAN_SLOT, g.height, g.width, lambda: features(image))
-    mask = merge_mask(args.get("attn_mask"), plan, text_len, g.tokens, length)
+def merged_mask(args: dict, ctx: CallContext, plan: MergePlan, text_len: int, length: int, dtype: torch.dtype) -> torch.Tensor | None | Unmerged:
+    """The block's attention mask merged to the T + D [+ R] layout, with the proportional-attention
+    bias when enabled; Unmerged when the mask has another layout."""
+    n = ctx.geometry.tokens
+    mask = merge_mask(args.get("attn_mask"), plan, text_len, n, length)
     if isinstance(mask, Unmerged):
         return mask
     bias = plan.size_bias() if ctx.settings.proportional_attention else None
-    return plan, add_key_bias(mask, bias, text_len, length - g.tokens + plan.num_kept, image.dtype)
+    return add_key_bias(mask, bias, text_len, length - n + plan.num_kept, dtype)
+
+
+def merged_attention(args: dict, extra: dict, block: Block) -> dict:
+    """A double block whose attention alone sees merged image tokens (scope "attention")."""
+
+    def merged(ctx: CallContext) -> dict | Unmerged:
+        span = double_span(args, ctx)
+        if isinstance(span, Unmerged):
+            return span
+        text_len, n = span.tables[0].start, ctx.geometry.tokens
+        plan = image_plan(ctx, PLAN_SLOT, args["img"][:, :n])
+        mask = merged_mask(args, ctx, plan, text_len, span.length, args["img"].dtype)
+        if isinstance(mask, Unmerged):
+            return mask
+        return block(dict(args, transformer_options=attention_options(args.get("transformer_options"), plan, text_len, mask)))
+
+    return run_hook(args, extra, lambda: block(args), merged)
+
+
+merged_double = merged_dit_block(PLAN_SLOT, double_span)
+merged_single = merged_dit_block(PLAN_SLOT, single_span)
 
 
 def per_span_modulation(vec, batch: int) -> bool:

@@ -22,7 +22,7 @@ from typing import TypeVar
 import torch
 
 from ...toma_core import MergePlan
-from ...toma_core.video import Segment, make_video_plan
+from ...toma_core.video import Segment
 from ..contract import Unmerged, layout_changed
 from ..runtime import CallContext
 from .hooks import MergedBlock
@@ -61,27 +61,11 @@ class ImageSpan:
     tokens: int | None = None
 
 
-def image_plan(ctx: CallContext, slot: str, image: torch.Tensor) -> MergePlan:
-    """This call's plan of the main h x w grid at `slot`, built from image (B, N, C) when missing."""
+def image_plan(ctx: CallContext, slot: str, image: torch.Tensor, segments: tuple[Segment, ...] | None = None) -> MergePlan:
+    """This call's plan at `slot` of the main grid (or of its frame `segments`), built from image
+    (B, N, C) when missing (runtime.CallContext.plan)."""
     g = ctx.geometry
-    return ctx.plan(slot, g.height, g.width, lambda: features(image))
-
-
-def segment_plan(ctx: CallContext, slot: str, segments: tuple[Segment, ...], image: torch.Tensor) -> MergePlan:
-    """This call's plan of a video grid cut into frame segments (toma_core.video: each segment tiled
-    on its own, t x h x w tiles inside it), built from image (B, N, C) when missing; keyed by the
-    segments and the frame grid."""
-    g = ctx.geometry
-    key = ((slot, segments), g.height, g.width)
-    plan = ctx.plans.get(key)
-    if plan is None:
-        s = ctx.settings
-        plan = make_video_plan(
-            features(image), list(segments), g.height, g.width, s.ratio, s.tile_size,
-            similarity=s.similarity, temperature=s.temperature, budget=s.budget, unmerge=s.unmerge,
-        )
-        ctx.plans[key] = plan
-    return plan
+    return ctx.plan(slot, g.height, g.width, lambda: features(image), segments)
 
 
 def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: int) -> dict | Unmerged:
@@ -120,7 +104,7 @@ def run_merged(
     """
     n = ctx.geometry.tokens if span.tokens is None else span.tokens
     image = seq[:, span.start:span.start + n]
-    plan = image_plan(ctx, slot, image) if span.segments is None else segment_plan(ctx, slot, span.segments, image)
+    plan = image_plan(ctx, slot, image, span.segments)
     merged = merge_tables(args, span.tables, plan, span.length)
     if span.more is not None and not isinstance(merged, Unmerged):
         extra = span.more(plan)

@@ -157,7 +157,7 @@ def test_frame_zero_merges_alone_and_later_frames_in_pairs(hunyuan: Any, tiny: A
     """The plan's segments: frame 0 alone, frames 1-2 in 2 x 4 x 4 tiles (toma_core.video.make_video_plan).
     Merging one-hot frame indicators shows it: a merged token of frame 0 holds frame 0 only, and
     some merged token of the later segment mixes frames 1 and 2."""
-    joint = fc.pack_module("nodes.machinery.dit_runner")
+    joint = toma.runtime
     plans: list[Any] = []
     original = joint.make_video_plan
     monkeypatch.setattr(joint, "make_video_plan", lambda *a, **k: plans.append((a[1], original(*a, **k))) or plans[-1][1])
@@ -368,7 +368,7 @@ def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tu
 
 
 def test_per_sample_plans_under_cfg(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    fc.check_per_sample(tiny, toma, hunyuan, LATENT, *conds, monkeypatch, (fc.pack_module("nodes.machinery.dit_runner"), "make_video_plan"))
+    fc.check_per_sample(tiny, toma, hunyuan, LATENT, *conds, monkeypatch, (toma.runtime, "make_video_plan"))
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 2, 18, 22), (1, 16, 1, 2, 30), (1, 16, 3, 10, 14)])

@@ -112,8 +112,8 @@ def test_text_reaches_every_attention_exactly(video: Any, tiny: Any, toma: Any) 
 
 
 def record_plans(monkeypatch: pytest.MonkeyPatch, toma: Any) -> list:
-    """Every video plan the run builds (nodes.machinery.dit_runner's make_video_plan)."""
-    runner = fc.pack_module("nodes.machinery.dit_runner")
+    """Every video plan the run builds (the one plan builder, nodes/runtime.py CallContext.plan)."""
+    runner = toma.runtime
     plans: list = []
     original = runner.make_video_plan
     monkeypatch.setattr(runner, "make_video_plan", lambda *a, **k: plans.append(original(*a, **k)) or plans[-1])
@@ -137,8 +137,7 @@ def test_frame_zero_merges_with_no_other_frame(video: Any, tiny: Any, toma: Any,
 
 
 def test_batch_and_cfg_get_per_sample_plans(video: Any, tiny: Any, toma: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    runner = fc.pack_module("nodes.machinery.dit_runner")
-    fc.check_per_sample(tiny, toma, video, VIDEO, *conditioning(), monkeypatch, builder=(runner, "make_video_plan"))
+    fc.check_per_sample(tiny, toma, video, VIDEO, *conditioning(), monkeypatch, builder=(toma.runtime, "make_video_plan"))
 
 
 def test_unpatched_model_stays_untouched(video: Any, tiny: Any, toma: Any) -> None:
