@@ -1,0 +1,27 @@
+"""The fixed description of one ToMA patch (`ToMAConfig`), made by patching.patch_model when the
+node runs and read by the per-run state (runtime.py) and the run line (report.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .contract import FamilyAdapter
+from .cost_profile import CostProfile
+from .settings import ToMASettings
+
+
+@dataclass(frozen=True)
+class ToMAConfig:
+    """Immutable description of one ToMA patch. cost: the cost model's view of the patched model
+    (min_tokens "auto" and the predicted gains; cost_profile.py); None when there is none."""
+
+    settings: ToMASettings
+    adapter: FamilyAdapter
+    cost: CostProfile | None = None
+
+    @property
+    def off_reason(self) -> str:
+        """Why every call runs unmerged when the settings merge no token (ratio 0, or a ratio the
+        tile rounds to keeping every token)."""
+        s = self.settings
+        return "ratio 0 (nothing to merge)" if s.ratio == 0 else f"ratio {s.ratio:g} at tile_size {s.tile_size} keeps every token"
