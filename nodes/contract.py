@@ -1,19 +1,14 @@
-"""The contract between a family adapter (families/) and the shared runtime (runtime.py,
-wrappers.py, report.py): what a family's `apply(model_clone, settings)` returns
-(`FamilyAdapter`), the token layout it reads from a model call (`CallGeometry`), and the fixed
-description of one patch (`ToMAConfig`)."""
+"""The vocabulary every layer of the node pack shares: what a family's `apply(model_clone, settings)`
+returns to the runtime (`FamilyAdapter`), the token layout it reads from a model call
+(`CallGeometry`), and why something stays unmerged (`Unmerged`, `layout_changed`). It imports
+nothing from the pack."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
-
-from .settings import ToMASettings
-
-if TYPE_CHECKING:
-    from .cost_profile import CostProfile
 
 
 @dataclass(frozen=True)
@@ -57,23 +52,6 @@ class FamilyAdapter(Protocol):
         """Geometry of a call from BaseModel.apply_model's inputs: x (B, C, H, W) noisy latent,
         context (B, T, C_txt) text conditioning, kwargs the extra conds (ref_latents, attention_mask, ...)."""
         ...
-
-
-@dataclass(frozen=True)
-class ToMAConfig:
-    """Immutable description of one ToMA patch. cost: the cost model's view of the patched model
-    (min_tokens "auto" and the predicted gains; cost_profile.py); None when there is none."""
-
-    settings: ToMASettings
-    adapter: FamilyAdapter
-    cost: CostProfile | None = None
-
-    @property
-    def off_reason(self) -> str:
-        """Why every call runs unmerged when the settings merge no token (ratio 0, or a ratio the
-        tile rounds to keeping every token)."""
-        s = self.settings
-        return "ratio 0 (nothing to merge)" if s.ratio == 0 else f"ratio {s.ratio:g} at tile_size {s.tile_size} keeps every token"
 
 
 @dataclass(frozen=True)

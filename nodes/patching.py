@@ -2,7 +2,7 @@
 
 Clones the model, finds its family in the registry (registry.py), lets the family's
 adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`), reads the cost
-model's view of it (cost_profile.py), says once what it changes in the settings, and installs
+model's view of it (the family's CostModel, cost_profile.py), says once what it changes in the settings, and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
 on it; the input model is never modified.
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from .contract import ToMAConfig
-from .cost_profile import build_profile
+from .config import ToMAConfig
 from .registry import apply_family, detect_family
 from .runtime import RunState
 from .settings import TOMA_KEY, ToMASettings
@@ -30,7 +29,7 @@ def patch_model(model, settings: ToMASettings):
     family = detect_family(model)
     patched = model.clone()
     adapter = apply_family(family, patched, settings)
-    cost = build_profile(family.name, patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
+    cost = family.cost.profile(patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
     install_runtime(patched, ToMAConfig(settings, adapter, cost))
     for note in settings.notes():
         log.warning("ToMA: %s", note)

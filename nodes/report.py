@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .contract import ToMAConfig
+from .config import ToMAConfig
 
 if TYPE_CHECKING:
     from .call_timing import Gain

@@ -43,8 +43,9 @@ import torch
 from ..toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
 from ..toma_core.video import Segment, make_video_plan
 from .call_timing import CallKey, CallTimer
-from .contract import CallGeometry, ToMAConfig
-from .report import RunStats, format_report
+from .config import ToMAConfig
+from .contract import CallGeometry
+from .report import RunStats
 from .settings import CALL_KEY, ToMASettings
 
 TORCH_COMPILE_KWARGS = "torch_compile_kwargs"
@@ -124,10 +125,6 @@ class RunState:
             self.plans[key] = plan
             self.stats.plans_built += 1
             self.stats.tokens[(key[1], key[2])] = (plan.num_tokens, plan.num_kept)
-
-    def report(self) -> str:
-        """The one-line summary of the run."""
-        return format_report(self.config, self.stats, orphan_blocks=0)
 
 
 @dataclass

@@ -11,6 +11,8 @@ from bench.harness.pack import pack_module
 
 contract = pack_module("nodes.contract")
 runtime = pack_module("nodes.runtime")
+config_mod = pack_module("nodes.config")
+report_mod = pack_module("nodes.report")
 wrappers = pack_module("nodes.wrappers")
 settings_mod = pack_module("nodes.settings")
 merge = pack_module("nodes.machinery.merge")
@@ -28,7 +30,7 @@ class FakeAdapter:
 
 
 def make_state(**kwargs) -> "runtime.RunState":
-    config = runtime.ToMAConfig(settings_mod.ToMASettings(**kwargs), FakeAdapter())
+    config = config_mod.ToMAConfig(settings_mod.ToMASettings(**kwargs), FakeAdapter())
     state = runtime.RunState(config)
     state.begin_run(lambda p: 10.0 * (1 - p), torch.tensor([10.0, 7.5, 5.0, 2.5, 0.0]))
     return state
@@ -144,7 +146,7 @@ def test_report_is_one_line_with_facts():
     plan_of(ctx)
     ctx.record_block(True)
     ctx.record_block(False, "attn_mask")
-    line = state.report()
+    line = report_mod.format_report(state.config, state.stats, orphan_blocks=0)
     assert "\n" not in line
     for fact in ("64->32 tokens (8x8)", "1 block runs merged", "1 plans built", "1 block runs attn_mask"):
         assert fact in line

@@ -13,6 +13,7 @@ import torch
 from bench.harness.pack import PACK_NAME, pack_module
 
 runtime = pack_module("nodes.runtime")
+config_mod = pack_module("nodes.config")
 wrappers = pack_module("nodes.wrappers")
 settings_mod = pack_module("nodes.settings")
 report = pack_module("nodes.report")
@@ -42,7 +43,7 @@ class FakeClock:
 
 
 def state_of(sigmas=SIGMAS, cost_profile=None, **kwargs) -> runtime.RunState:
-    config = runtime.ToMAConfig(settings_mod.ToMASettings(**kwargs), FakeAdapter(), cost_profile)
+    config = config_mod.ToMAConfig(settings_mod.ToMASettings(**kwargs), FakeAdapter(), cost_profile)
     state = runtime.RunState(config)
     state.begin_run(lambda p: 10.0 * (1 - p), torch.tensor(sigmas))
     return state

@@ -38,23 +38,29 @@ class TransformerSite:
 
 
 def find_sites(unet: torch.nn.Module) -> list[TransformerSite]:
-    """Every BasicTransformerBlock of a UNetModel with its block id and resolution level.
-
-    The level is tracked by walking the blocks in execution order: each downsampling layer halves
-    the grid, each upsampling layer doubles it. Video UNets (SpatialVideoTransformer) are refused.
-    """
+    """Every BasicTransformerBlock of a UNetModel with its block id and resolution level (`levels`).
+    Video UNets (SpatialVideoTransformer) are refused."""
     from comfy.ldm.modules.attention import SpatialTransformer, SpatialVideoTransformer
 
     sites: list[TransformerSite] = []
+    for block, path, layer, downsample in levels(unet):
+        if isinstance(layer, SpatialVideoTransformer):
+            raise ValueError("ToMA does not support video UNets (SpatialVideoTransformer, e.g. SVD)")
+        if isinstance(layer, SpatialTransformer):
+            sites += _stack_sites(layer, path, block, downsample)
+    return sites
+
+
+def levels(unet: torch.nn.Module):
+    """(block id, module path, layer, downsample) of every layer of a UNetModel's blocks in execution
+    order, downsample being how many times smaller than the latent the layer's input grid is: each
+    downsampling layer halves the grid for the layers after it, each upsampling layer doubles it.
+    The one walk of a UNet's levels (the sites here, the ResBlocks priced in unet_cost.py)."""
     downsample = 1
     for group, prefix, index, block in _unet_blocks(unet):
         for layer_index, layer in enumerate(block):
-            if isinstance(layer, SpatialVideoTransformer):
-                raise ValueError("ToMA does not support video UNets (SpatialVideoTransformer, e.g. SVD)")
-            if isinstance(layer, SpatialTransformer):
-                sites += _stack_sites(layer, f"{prefix}.{layer_index}", (group, index), downsample)
+            yield (group, index), f"{prefix}.{layer_index}", layer, downsample
             downsample = max(1, int(downsample * _scale_change(layer)))
-    return sites
 
 
 def _unet_blocks(unet: torch.nn.Module):

@@ -19,19 +19,6 @@ from bench.harness.pack import PACK_ROOT, pack_module
 
 registry = pack_module("nodes.registry")
 
-STREAMS = {
-    "flux": {"double": "double_blocks", "single": "single_blocks"},
-    "hunyuan_video": {"double": "double_blocks", "single": "single_blocks"},
-    "hidream": {"double": "double_stream_blocks", "single": "single_stream_blocks"},
-    "sd3": {"double": "joint_blocks"},
-    "qwen_image": {"double": "transformer_blocks"},
-    "lumina2": {"layers": "layers"},
-    "wan": {"blocks": "blocks"},
-    "kandinsky5": {"blocks": "visual_transformer_blocks"},
-}
-"""The `blocks` groups of each DiT family and the diffusion-model attribute each counts (as in
-nodes/families/<family>.py)."""
-
 
 def _full(name: str) -> Callable[[], Any]:
     def build() -> Any:
@@ -109,7 +96,8 @@ def test_blocks_example_is_valid_on_every_real_model(comfy, family: str, model: 
         sites = pack_module("nodes.families.unet_sites").find_sites(dm)
         assert any(spec.selects(s.block, s.downsample) for s in sites), (model, example)
         return
-    sizes = {group: len(getattr(dm, attr)) for group, attr in STREAMS[family].items()}
+    streams = next(f.streams for f in registry.FAMILIES if f.name == family)
+    sizes = {group: len(getattr(dm, attr)) for group, attr in streams}
     chosen = pack_module("nodes.machinery.dit_blocks").parse_dit_blocks(example, sizes)
     assert chosen.count > 0, (model, example, sizes)
 
@@ -123,14 +111,15 @@ def test_readme_shows_only_the_registry_examples() -> None:
 
 @pytest.mark.parametrize("family, model, build", [m for m in MODELS if m[0] != "unet"], ids=[m for f, m, _ in MODELS if f != "unet"])
 def test_cost_profile_sees_every_block_and_the_width(comfy, family: str, model: str, build: Callable[[], Any]) -> None:
-    """min_tokens "auto" prices a DiT from the block lists and width nodes/cost_profile.py reads off
-    the diffusion model: a family whose blocks or width it does not find would be priced at 0 blocks
-    and never merge. Its blocks must cover every block the `blocks` setting can select."""
-    cost_profile, settings = pack_module("nodes.cost_profile"), pack_module("nodes.settings")
+    """min_tokens "auto" prices a DiT from the width and block lists its registry entry names
+    (Family.cost): a family whose entry missed a block list would be priced at fewer blocks than the
+    `blocks` setting selects, and one without a width would never merge. Its priced blocks must cover
+    every block its streams (Family.streams) hold, and the merged ones be those the setting selects."""
+    settings = pack_module("nodes.settings")
+    entry = next(f for f in registry.FAMILIES if f.name == family)
     dm = build()
-    selectable = sum(len(getattr(dm, attr)) for attr in STREAMS[family].values())
-    video = next(f.video for f in registry.FAMILIES if f.name == family)
-    profile = cost_profile.build_profile(family, dm, selectable, settings.ToMASettings(), video)
-    assert profile.width > 0, (model, "no width attribute in cost_profile.WIDTH_ATTRIBUTES")
-    assert sum(b.count for b in profile.blocks) >= selectable, (model, "block lists missing from cost_profile.BLOCK_LISTS")
+    selectable = sum(len(getattr(dm, attr)) for _, attr in entry.streams)
+    profile = entry.cost.profile(dm, selectable, settings.ToMASettings(), entry.video)
+    assert profile.width > 0, (model, "no width")
+    assert sum(b.count for b in profile.blocks) >= selectable, (model, "block lists missing from Family.cost")
     assert sum(b.count for b in profile.blocks if b.merged) == selectable
