@@ -159,6 +159,13 @@ def cmd_table(args: argparse.Namespace) -> None:
     print(text)
 
 
+def cmd_probes(args: argparse.Namespace) -> None:
+    from . import realsize_tables
+
+    cache = load_cache(args.cache)
+    print("\n".join(realsize_tables.probe_table(cache, name) for name in args.families))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache", type=Path, default=CACHE)
@@ -173,6 +180,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("--families", nargs="+", default=list(PROBES), choices=list(rs.FAMILIES))
     t.add_argument("--settings", type=Path, default=None, help="JSON list of settings (Setting fields) to tabulate")
     t.add_argument("--out", type=Path, default=None)
+    b = sub.add_parser("probes", help="the cached probes of families: block times, fit and merge correction")
+    b.add_argument("--families", nargs="+", default=list(PROBES), choices=list(PROBES))
     q = sub.add_parser("predict", help="one prediction")
     q.add_argument("--family", required=True, choices=list(rs.FAMILIES))
     q.add_argument("--resolution", default="1024", choices=list(rs.RESOLUTIONS))
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     rs.import_comfy(args.device)
-    {"measure": cmd_measure, "predict": cmd_predict, "table": cmd_table}[args.command](args)
+    {"measure": cmd_measure, "predict": cmd_predict, "table": cmd_table, "probes": cmd_probes}[args.command](args)
     return 0
 
 
