@@ -10,7 +10,7 @@ min_tokens "auto" also judges by measurement during the run (`CallTimer.auto_sto
 the APPLY_MODEL wrapper before each merge-eligible call): as soon as a shape has unmerged calls and
 AUTO_MIN_MERGED merged ones that have finished, it compares their medians (the first merged call of
 the shape left out: it carries one-off work such as a torch.compile trace), and when merged calls are
-slower it stops merging calls of that shape for the rest of the run, the run line saying why. The cost
+clearly slower (AUTO_STOP_BELOW) it stops merging calls of that shape for the rest of the run, the run line saying why. The cost
 model is calibrated on a CPU only; this check needs no calibration, so on a GPU (CUDA events, read
 only once finished: `torch.cuda.Event.query`, no synchronisation) it is what keeps a predicted gain
 honest.
@@ -52,8 +52,11 @@ class TimedCall:
 AUTO_MIN_MERGED = 2
 """Finished merged calls of one shape min_tokens "auto" needs before it judges them by measurement."""
 
-AUTO_STOP_BELOW = 1.0
-"""min_tokens "auto" stops merging a shape whose merged calls measure below this speed-up."""
+AUTO_STOP_BELOW = 0.9
+"""min_tokens "auto" stops merging a shape whose merged calls measure below this speed-up: clearly
+slower, not just slower. Stopping changes the image of the rest of the run, and on a loaded machine a
+call's clock is noisy (on this project's CPU consecutive unpatched runs differ by 4.5-12 % in time, docs/quality.md
+"Few-step runs"), so at a break-even size a threshold of 1 made identical runs give different images."""
 
 
 def auto_stop_reason(ratio: float) -> str:
