@@ -1,18 +1,23 @@
 """The one-line summary of a sampling run: what ToMA merged, what ran unmerged and why, whether it
 was bypassed, cancelled or stopped by an error, and what it gained (call_timing.py); and the
 warning for a schedule that merges (almost) none of a run's steps. RunStats is filled eagerly by
-the wrappers (wrappers.py) and the block hooks (CallContext.record_block)."""
+the wrappers (wrappers.py) and the block hooks (CallContext.record_block); at the end of a run
+`run_record` turns it into a RunRecord, the line's facts as fields, which `RunRecord.line` prints,
+wrappers.py logs with the line (LogRecord attribute TOMA_RUN) and `parse_run_line` reads back
+from the line's text (e.g. a server log)."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from .call_timing import Gain
 from .config import ToMAConfig
 
 if TYPE_CHECKING:
-    from .call_timing import Gain
     from .settings import ToMASettings
 
 FEW_STEPS_SHARE = 0.5
@@ -47,34 +52,225 @@ class RunStats:
     """Steps of the run's schedule that the sigma window and merge_every make merge steps."""
 
 
+TOMA_RUN = "toma_run"
+"""Attribute of the run line's logging.LogRecord that holds its RunRecord (wrappers.py logs it as
+``extra``), so a reader in the same process needs no parsing."""
+
+ORPHAN_REASON = "without transformer_options"
+"""Unmerged block-run reason of the block runs that received no transformer_options (the orphans
+runtime.orphan_count counts), stated after the block hooks' own reasons."""
+
+Status = Literal["cancelled", "failed", "compiled", "bypassed"]
+"""What the run line says beyond its counts: the run was cancelled or stopped by an error (counts
+partial), ran under torch.compile (block runs not counted), or ToMA was bypassed."""
+
+STATUS_TEXT: dict[str, str] = {
+    "cancelled": "the sampling run was cancelled; counts are partial",
+    "failed": "the sampling run stopped with an error; counts are partial",
+    "compiled": "torch.compile: block runs are not counted",
+    "bypassed": "ToMA was bypassed: none of its block hooks ran in {eligible_calls} merge-eligible calls",
+}
+
+
+@dataclass(frozen=True)
+class RunGain:
+    """The gain a run line states (call_timing.Gain without its call key): call, the merged calls'
+    speed-up over unmerged ones; run, the run's predicted speed-up over running without ToMA; both
+    as the line prints them (2 decimals; "F.FFx slower" is 1 / F.FF); measured False when call is
+    the cost model's prediction."""
+
+    call: float
+    run: float
+    measured: bool
+
+    @classmethod
+    def of(cls, gain: Gain) -> RunGain:
+        return cls(_stated(gain.call), _stated(gain.run), gain.measured)
+
+    def text(self) -> str:
+        """The run line's last part, worded by call_timing.Gain.text (which does not read the key)."""
+        return Gain(self.call, self.run, self.measured, key=(0, 0, 0)).text()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The facts of one run line (format: `line`, read back: `parse_run_line`).
+
+    tokens: (h, w) token grid -> (N, D) image tokens before / after merging, for every plan built,
+    by grid. unmerged_calls / unmerged_blocks: reason -> model calls / block runs that ran unmerged
+    for it, in the line's order (block runs without transformer_options under ORPHAN_REASON, last).
+    status: see Status; eligible_calls: the merge-eligible calls of a bypassed run (the line states
+    them only then), else None. settings: ToMASettings.describe(). gain: None when no call merged.
+    """
+
+    family: str
+    tokens: dict[tuple[int, int], tuple[int, int]]
+    steps_merged: int
+    total_steps: int
+    calls_merged: int
+    total_calls: int
+    blocks_selected: int
+    blocks: str
+    block_runs_merged: int
+    plans_built: int
+    unmerged_calls: dict[str, int]
+    unmerged_blocks: dict[str, int]
+    status: Status | None
+    eligible_calls: int | None
+    settings: str
+    gain: RunGain | None
+
+    def line(self) -> str:
+        """The one-line run summary: its parts joined by " | "."""
+        grids = "; ".join(f"{n}->{d} tokens ({h}x{w})" for (h, w), (n, d) in self.tokens.items()) or NO_TOKENS
+        unmerged = [f"{n} calls {why}" for why, n in self.unmerged_calls.items()]
+        unmerged += [f"{n} block runs {why}" for why, n in self.unmerged_blocks.items()]
+        parts = [
+            f"ToMA [{self.family}]: {grids}",
+            f"merged {self.steps_merged}/{self.total_steps} steps, {self.calls_merged}/{self.total_calls} calls",
+            f"{self.blocks_selected} transformer blocks selected ({self.blocks}), {self.block_runs_merged} block runs merged",
+            f"{self.plans_built} plans built",
+            "unmerged: " + (", ".join(unmerged) or "none"),
+        ]
+        if self.status is not None:
+            parts.append(STATUS_TEXT[self.status].format(eligible_calls=self.eligible_calls))
+        parts.append(self.settings)
+        if self.gain is not None:
+            parts.append(self.gain.text())
+        return " | ".join(parts)
+
+
+NO_TOKENS = "no tokens merged"
+
+
+def run_record(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None) -> RunRecord:
+    """The facts of a finished run (its counters, its patch's settings, its measured gain)."""
+    unmerged_blocks = {str(why): n for why, n in stats.unmerged_blocks.items()}
+    if orphan_blocks:
+        unmerged_blocks[ORPHAN_REASON] = unmerged_blocks.get(ORPHAN_REASON, 0) + orphan_blocks
+    status: Status | None = None
+    if stats.cancelled:
+        status = "cancelled"
+    elif stats.failed:
+        status = "failed"
+    elif stats.compiled:
+        status = "compiled"
+    elif bypassed(config, stats, orphan_blocks):
+        status = "bypassed"
+    adapter = config.adapter
+    return RunRecord(
+        family=adapter.family,
+        tokens=dict(sorted(stats.tokens.items())),
+        steps_merged=len(stats.steps_merged), total_steps=stats.total_steps,
+        calls_merged=stats.merged_calls, total_calls=stats.calls,
+        blocks_selected=adapter.num_blocks, blocks=adapter.blocks,
+        block_runs_merged=stats.block_runs_merged, plans_built=stats.plans_built,
+        unmerged_calls={str(why): n for why, n in stats.unmerged_calls.items()},
+        unmerged_blocks=unmerged_blocks,
+        status=status, eligible_calls=stats.eligible_calls if status == "bypassed" else None,
+        settings=config.settings.describe(),
+        gain=RunGain.of(gain) if gain is not None else None,
+    )
+
+
 def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None) -> str:
     """One line: tokens before/after, blocks and steps merged, plans built, what ran unmerged and
     why, the settings, and the run's gain (measured, see call_timing.py) when a call merged."""
-    adapter = config.adapter
-    grids = "; ".join(f"{n}->{d} tokens ({h}x{w})" for (h, w), (n, d) in sorted(stats.tokens.items())) or "no tokens merged"
-    parts = [
-        f"ToMA [{adapter.family}]: {grids}",
-        f"merged {len(stats.steps_merged)}/{stats.total_steps} steps, {stats.merged_calls}/{stats.calls} calls",
-        f"{adapter.num_blocks} transformer blocks selected ({adapter.blocks}), {stats.block_runs_merged} block runs merged",
-        f"{stats.plans_built} plans built",
-    ]
-    unmerged = [f"{n} calls {why}" for why, n in stats.unmerged_calls.items()]
-    unmerged += [f"{n} block runs {why}" for why, n in stats.unmerged_blocks.items()]
-    if orphan_blocks:
-        unmerged.append(f"{orphan_blocks} block runs without transformer_options")
-    parts.append("unmerged: " + (", ".join(unmerged) if unmerged else "none"))
-    if stats.cancelled:
-        parts.append("the sampling run was cancelled; counts are partial")
-    elif stats.failed:
-        parts.append("the sampling run stopped with an error; counts are partial")
-    elif stats.compiled:
-        parts.append("torch.compile: block runs are not counted")
-    elif bypassed(config, stats, orphan_blocks):
-        parts.append(f"ToMA was bypassed: none of its block hooks ran in {stats.eligible_calls} merge-eligible calls")
-    parts.append(config.settings.describe())
-    if gain is not None:
-        parts.append(gain.text())
-    return " | ".join(parts)
+    return run_record(config, stats, orphan_blocks, gain).line()
+
+
+def parse_run_line(line: str) -> RunRecord:
+    """The RunRecord of a run line (as `RunRecord.line` writes it, e.g. read from a server log);
+    ValueError when `line` is not one. An unmerged reason that itself contains ", <n> calls " or
+    ", <n> block runs ", or a " | ", cannot be told apart from the line's separators."""
+    parts = line.split(" | ")
+    if len(parts) < 6:
+        raise ValueError(f"not a ToMA run line: {line!r}")
+    head = _match(r"ToMA \[(.*?)\]: (.*)", parts[0])
+    steps = _match(r"merged (\d+)/(\d+) steps, (\d+)/(\d+) calls", parts[1])
+    blocks = _match(r"(\d+) transformer blocks selected \((.*)\), (\d+) block runs merged", parts[2])
+    plans = _match(r"(\d+) plans built", parts[3])
+    calls, block_runs = _unmerged(_match(r"unmerged: (.*)", parts[4])[1])
+    rest = parts[5:]
+    status, eligible = _status(rest[0])
+    if status is not None:
+        rest = rest[1:]
+    gain = _gain(rest[-1]) if len(rest) > 1 else None
+    if len(rest) != (2 if gain is not None else 1):
+        raise ValueError(f"not a ToMA run line: {line!r}")
+    return RunRecord(
+        family=head[1], tokens=_grids(head[2]),
+        steps_merged=int(steps[1]), total_steps=int(steps[2]), calls_merged=int(steps[3]), total_calls=int(steps[4]),
+        blocks_selected=int(blocks[1]), blocks=blocks[2], block_runs_merged=int(blocks[3]), plans_built=int(plans[1]),
+        unmerged_calls=calls, unmerged_blocks=block_runs, status=status, eligible_calls=eligible,
+        settings=rest[0], gain=gain,
+    )
+
+
+def _stated(speedup: float) -> float:
+    """`speedup` as the run line states it: 2 decimals of the factor faster or slower (a loss too
+    small to print, "1.00x slower", stays below 1)."""
+    if speedup >= 1.0:
+        return round(speedup, 2)
+    return _slower(round(1.0 / speedup, 2))
+
+
+def _slower(factor: float) -> float:
+    """The speed-up of a line's "<factor>x slower"."""
+    return 1.0 / factor if factor > 1.0 else math.nextafter(1.0, 0.0)
+
+
+def _match(pattern: str, text: str) -> re.Match:
+    match = re.fullmatch(pattern, text)
+    if match is None:
+        raise ValueError(f"run line part {text!r} does not match {pattern!r}")
+    return match
+
+
+def _grids(text: str) -> dict[tuple[int, int], tuple[int, int]]:
+    if text == NO_TOKENS:
+        return {}
+    grids = {}
+    for item in text.split("; "):
+        m = _match(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)", item)
+        grids[(int(m[3]), int(m[4]))] = (int(m[1]), int(m[2]))
+    return grids
+
+
+def _unmerged(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(reason -> calls, reason -> block runs) of the line's "unmerged:" part."""
+    calls: dict[str, int] = {}
+    blocks: dict[str, int] = {}
+    if text == "none":
+        return calls, blocks
+    for item in re.split(r", (?=\d+ (?:calls|block runs) )", text):
+        m = _match(r"(\d+) (calls|block runs) (.*)", item)
+        (calls if m[2] == "calls" else blocks)[m[3]] = int(m[1])
+    return calls, blocks
+
+
+def _status(text: str) -> tuple[Status | None, int | None]:
+    """(status, merge-eligible calls of a bypassed run) of a line part, (None, None) for another part."""
+    for status, wording in STATUS_TEXT.items():
+        match = re.fullmatch(re.escape(wording).replace(re.escape("{eligible_calls}"), r"(\d+)"), text)
+        if match:
+            return status, int(match[1]) if match.groups() else None
+    return None, None
+
+
+def _gain(text: str) -> RunGain | None:
+    """The gain part (call_timing.Gain.text's wording), None for another part."""
+    faster = r"(\d+\.\d\d)x (faster|slower)"
+    measured = re.fullmatch(rf"merged calls {faster} than unmerged ones; this run about {faster} than without ToMA \(predicted for all-unmerged\)", text)
+    predicted = re.fullmatch(
+        rf"merged calls predicted {faster} by the cost model \(no unmerged call of their size to measure\); "
+        rf"this run predicted about {faster} than without ToMA", text,
+    )
+    m = measured or predicted
+    if m is None:
+        return None
+    call, run = (float(m[i]) if m[i + 1] == "faster" else _slower(float(m[i])) for i in (1, 3))
+    return RunGain(call, run, measured=m is measured)
 
 
 def schedule_warning(settings: ToMASettings, stats: RunStats) -> str | None:

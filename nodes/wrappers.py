@@ -21,7 +21,7 @@ from ..toma_core import StepDecision
 from .call_args import transformer_options_of
 from .call_timing import measure_gain, warn_if_slower
 from .contract import CallGeometry
-from .report import bypassed, format_report, schedule_warning
+from .report import TOMA_RUN, bypassed, run_record, schedule_warning
 from .runtime import (
     TORCH_COMPILE_KWARGS, CallContext, RunState, compiling, enter_call, enter_run, leave_call, leave_run, orphan_count,
 )
@@ -60,7 +60,8 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         orphans = leave_run(run)
         guider.model_options = original
         gain = None if state.stats.failed else measure_gain(state.timer.calls(), state.predicted_speedup)
-        log.info(format_report(state.config, state.stats, orphans, gain))
+        record = run_record(state.config, state.stats, orphans, gain)
+        log.info(record.line(), extra={TOMA_RUN: record})
         _warn_bypass(state, orphans)
         _warn_schedule(state)
         if not state.timer.stopped:  # auto stopped merging, and the run line says why

@@ -13,6 +13,7 @@ import torch
 from bench.harness.pack import PACK_NAME, pack_module
 
 runtime = pack_module("nodes.runtime")
+contract = pack_module("nodes.contract")
 config_mod = pack_module("nodes.config")
 wrappers = pack_module("nodes.wrappers")
 settings_mod = pack_module("nodes.settings")
@@ -29,7 +30,7 @@ class FakeAdapter:
     family, blocks, num_blocks = "fake", "all", 2
 
     def call_geometry(self, x, context, kwargs):
-        return runtime.CallGeometry(x.shape[-2], x.shape[-1], None if context is None else context.shape[1])
+        return contract.CallGeometry(x.shape[-2], x.shape[-1], None if context is None else context.shape[1])
 
 
 class FakeClock:
@@ -78,8 +79,8 @@ def test_gain_is_computed_from_the_recorded_call_times():
     gain = gain_of(state)
     assert gain.measured and gain.call == pytest.approx(2.0)
     assert gain.run == pytest.approx((4 * 2.0) / (2 * 1.0 + 2 * 2.0))
-    line = report.format_report(state.config, state.stats, 0, gain)
-    assert "merged calls 2.00x faster than unmerged ones; this run about 1.33x faster than without ToMA" in line
+    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain))
+    assert record.gain == report.RunGain(call=2.0, run=1.33, measured=True)
 
 
 def test_median_keeps_a_slow_first_call_from_counting():
@@ -96,11 +97,9 @@ def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
     gain = gain_of(state)
     assert not gain.measured
     assert gain.call == pytest.approx(profile.speedup(64, 5, "cpu", 2)) == pytest.approx(gain.run)
-    line = report.format_report(state.config, state.stats, 0, gain)
-    figure = f"{gain.call:.2f}x faster"
-    assert f"merged calls predicted {figure} by the cost model (no unmerged call of their size to measure)" in line
-    assert f"this run predicted about {figure} than without ToMA" in line
-    assert line.count(figure) == line.count(f"predicted {figure}") + line.count(f"predicted about {figure}") == 2
+    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain))
+    figure = round(gain.call, 2)
+    assert figure >= 1.0 and record.gain == report.RunGain(call=figure, run=figure, measured=False)
 
 
 def test_no_merged_call_gives_no_gain():
@@ -159,16 +158,16 @@ def test_auto_runs_a_call_unmerged_where_the_cost_model_predicts_no_gain():
 def test_a_setting_that_merges_no_token_is_reported_as_such(ratio, tile, reason):
     state = state_of(ratio=ratio, tile_size=tile)
     sample(state, FakeClock(), 1.0, 1.0)
-    line = report.format_report(state.config, state.stats, 0)
+    record = report.parse_run_line(report.format_report(state.config, state.stats, 0))
     assert state.stats.merged_calls == state.stats.eligible_calls == state.stats.block_runs_merged == 0
-    assert f"unmerged: 4 calls {reason}" in line and "merged 0/4 steps" in line
+    assert record.unmerged_calls == {reason: 4} and record.steps_merged == 0 and record.total_steps == 4
     assert not report.bypassed(state.config, state.stats, 0)
     assert report.schedule_warning(state.config.settings, state.stats) is None
 
 
 def test_block_count_says_what_it_counts():
-    line = report.format_report(state_of().config, state_of().stats, 0)
-    assert "2 transformer blocks selected (all)" in line
+    record = report.parse_run_line(report.format_report(state_of().config, state_of().stats, 0))
+    assert record.blocks_selected == 2 and record.blocks == "all"
 
 
 def steps(count: int) -> list[float]:
@@ -222,9 +221,9 @@ def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, u
 def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
     state = long_run(8, 0.5, "auto", merged_s=3.0, unmerged_s=2.0)  # steps 0-3 unmerged, 4-7 in the window
     assert state.stats.merged_calls == timing.AUTO_MIN_MERGED == 2
-    line = report.format_report(state.config, state.stats, 0, gain_of(state))
-    assert "2 calls merging measured slower (0.67x) at this size, stopped by min_tokens auto" in line, line
-    assert "merged 2/8 steps" in line
+    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain_of(state)))
+    assert record.unmerged_calls.get("merging measured slower (0.67x) at this size, stopped by min_tokens auto") == 2, record
+    assert record.steps_merged == 2 and record.total_steps == 8
 
 
 @pytest.mark.parametrize("min_tokens, merged_s, merged", [("auto", 1.0, 4), (0, 3.0, 4)])

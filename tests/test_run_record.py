@@ -1,0 +1,131 @@
+"""The run line and its record (nodes/report.py), without ComfyUI: a finished run's RunRecord
+formats to the line format_report prints, and parse_run_line reads that line back to the same
+record, for every status, with and without a gain, and for the unmerged reasons the code words
+with commas, colons and semicolons."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench.harness.pack import pack_module
+
+report = pack_module("nodes.report")
+config_mod = pack_module("nodes.config")
+settings_mod = pack_module("nodes.settings")
+timing = pack_module("nodes.call_timing")
+wrappers = pack_module("nodes.wrappers")
+contract = pack_module("nodes.contract")
+core = pack_module("toma_core")
+
+
+class FakeAdapter:
+    family, blocks, num_blocks = "fake", "double:0-1,single:0", 3
+
+
+# Unmerged reasons as the code words them: a call reason with a colon inside parentheses, one with a
+# colon and a semicolon (cost_profile.CostProfile.auto_veto's wording), a block reason with a tuple's
+# commas, and the merge_every reason with "=".
+NO_BLOCK_MERGED = wrappers.NO_BLOCK_MERGED
+AUTO_VETO = (
+    "min_tokens auto: merging 64 image tokens at width 64 on cpu is predicted 0.80x "
+    "(needs 1.05x; a number in min_tokens forces merging)"
+)
+SHAPE = contract.layout_changed("attn_mask of shape (2, 1, 72, 72) is not (..., 136, 136)").reason
+
+
+def stats_of(**kw) -> report.RunStats:
+    """A run of 4 steps, 8 calls (cond and uncond), 2 of them unmerged for two reasons."""
+    stats = report.RunStats(
+        total_steps=4, calls=8, merged_calls=6, steps_merged={0, 1, 2}, block_runs_merged=17, plans_built=3,
+        unmerged_calls=Counter({NO_BLOCK_MERGED: 1, AUTO_VETO: 1}), unmerged_blocks=Counter({SHAPE: 2}),
+        tokens={(8, 16): (128, 64), (4, 4): (16, 8)}, eligible_calls=7,
+    )
+    for name, value in kw.items():
+        setattr(stats, name, value)
+    return stats
+
+
+def config_of(**settings) -> config_mod.ToMAConfig:
+    return config_mod.ToMAConfig(settings_mod.ToMASettings(**settings), FakeAdapter())
+
+
+BYPASSED = {"block_runs_merged": 0, "unmerged_blocks": Counter()}
+STATUSES = {
+    None: {},
+    "cancelled": {"failed": True, "cancelled": True},
+    "failed": {"failed": True},
+    "compiled": {"compiled": True},
+    "bypassed": BYPASSED,
+}
+GAINS = [
+    None,
+    timing.Gain(2.0, 4 / 3, True, (2, 128, 5)),
+    timing.Gain(0.8, 0.9, False, (2, 128, 5)),
+    timing.Gain(1.23456, 0.66666, True, (2, 128, 5)),
+    timing.Gain(0.999, 1.004, True, (2, 128, 5)),  # "1.00x slower" / "1.00x faster"
+]
+
+
+def round_trip(config, stats, orphans: int, gain) -> report.RunRecord:
+    """The run's record, checked against the printed line both ways."""
+    line = report.format_report(config, stats, orphans, gain)
+    record = report.run_record(config, stats, orphans, gain)
+    assert record.line() == line
+    assert report.parse_run_line(line) == record, line
+    assert report.parse_run_line(line).line() == line
+    return record
+
+
+@pytest.mark.parametrize("status", list(STATUSES))
+@pytest.mark.parametrize("gain", GAINS)
+def test_every_status_with_and_without_gain_reads_back(status, gain):
+    record = round_trip(config_of(), stats_of(**STATUSES[status]), 0, gain)
+    assert record.status == status
+    assert record.eligible_calls == (7 if status == "bypassed" else None)
+    assert (record.gain is None) == (gain is None)
+
+
+def test_the_fields_are_the_runs_counts():
+    stats = stats_of()
+    record = round_trip(config_of(ratio=0.25, schedule=core.MergeSchedule(0.2, 0.9, 2)), stats, 3, GAINS[1])
+    assert record.family == "fake" and record.blocks == "double:0-1,single:0" and record.blocks_selected == 3
+    assert record.tokens == {(4, 4): (16, 8), (8, 16): (128, 64)} and list(record.tokens) == [(4, 4), (8, 16)]
+    assert (record.steps_merged, record.total_steps, record.calls_merged, record.total_calls) == (3, 4, 6, 8)
+    assert (record.block_runs_merged, record.plans_built) == (17, 3)
+    assert record.unmerged_calls == {NO_BLOCK_MERGED: 1, AUTO_VETO: 1}
+    assert record.unmerged_blocks == {SHAPE: 2, report.ORPHAN_REASON: 3}
+    assert record.settings == config_of(ratio=0.25, schedule=core.MergeSchedule(0.2, 0.9, 2)).settings.describe()
+    assert record.gain == report.RunGain(2.0, 1.33, True)
+
+
+def test_a_stated_speed_up_keeps_its_direction():
+    slower = round_trip(config_of(), stats_of(), 0, GAINS[4]).gain
+    assert slower.call < 1.0 and "1.00x slower than unmerged ones" in slower.text()
+    assert slower.run == 1.0
+    loss = round_trip(config_of(), stats_of(), 0, GAINS[2]).gain
+    assert loss == report.RunGain(0.8, 1 / 1.11, False)
+
+
+def test_a_run_without_tokens_or_unmerged_reads_back():
+    stats = stats_of(tokens={}, unmerged_calls=Counter(), unmerged_blocks=Counter())
+    record = round_trip(config_of(ratio=0.0), stats, 0, None)
+    assert record.tokens == {} and record.unmerged_calls == {} == record.unmerged_blocks
+
+
+def test_orphans_alone_are_their_own_block_reason():
+    record = round_trip(config_of(), stats_of(unmerged_blocks=Counter()), 5, None)
+    assert record.unmerged_blocks == {report.ORPHAN_REASON: 5}
+    assert record.status is None  # block hooks ran (as orphans): no bypass
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "ToMA: merged none of this run's 2 steps",
+    "ToMA [fake]: no tokens merged | merged 0/4 steps, 0/4 calls",
+    report.format_report(config_of(), stats_of(), 0).replace("plans built", "plans made"),
+])
+def test_what_is_not_a_run_line_is_refused(text):
+    with pytest.raises(ValueError):
+        report.parse_run_line(text)
