@@ -22,6 +22,11 @@ CORE_NODES = frozenset({
     "VAEDecode", "VAEEncode", "SaveImage", "PreviewImage", "LoadImage",
     # built-in nodes of ComfyUI's comfy_extras (shipped with every ComfyUI), for video workflows
     "ModelSamplingSD3", "EmptyHunyuanLatentVideo", "CreateVideo", "SaveVideo",
+    # ... for the custom-sampler and Z-Image workflows (ComfyUI 0.33's own Flux.2 / Z-Image templates use them)
+    "ConditioningZeroOut", "RandomNoise", "KSamplerSelect", "CFGGuider", "SamplerCustomAdvanced",
+    "ModelSamplingAuraFlow", "EmptySD3LatentImage",
+    # ... and ComfyUI 0.33's Flux.2 nodes (comfy_extras/nodes_flux.py; absent from 0.3.64)
+    "EmptyFlux2LatentImage", "Flux2Scheduler",
 })
 """Core node types (ComfyUI's nodes.py and its built-in comfy_extras) an example workflow may use."""
 

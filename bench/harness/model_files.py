@@ -20,6 +20,16 @@ ComfyUI's detection fixes what cannot shrink, so the files are as small as detec
 - ``wan_vae``: the Wan 2.1 VAE (detection fixes its layout: 127M parameters, fp16).
   ``VAELoader``.
 - ``flux_gguf_q8_0``: ``flux_unet``'s model in GGUF Q8_0 (ComfyUI-GGUF's loader).
+- ``flux2_unet`` (ComfyUI 0.33): a Flux.2 [klein]-style DiT (detection fixes four rope axes of 32,
+  so one head of 128; no guidance embedding; the text input 4096 wide, as CLIP-L padded by
+  ``CLIPLoader(type="sd3")``), 1 double + 1 single block, bf16. ``UNETLoader``.
+- ``zimage_unet`` (ComfyUI 0.33): a Z-Image DiT at full width (detection matches Z-Image by its
+  width, 3840, and hard-codes its 30 heads) with 1 main layer beside the 2 + 2 refiner layers
+  (``NextDiT``'s default, not read from the file), 0.9B parameters, bf16 (1.8 GB); caption input
+  4096 wide. ``UNETLoader``.
+- ``taesd_half``: the encoder or decoder of a TAESD as ComfyUI's ``vae_approx`` folder holds them;
+  the pair ``taef2_encoder`` / ``taef2_decoder`` is ``VAELoader``'s "taef2", which stands in for the
+  Flux.2 VAE on 0.33 (``comfy.taesd.taesd`` unpacks its 128 latent channels as 2 x 2 patches of 32).
 
 Import only after ComfyUI is importable (the ``comfy`` fixture).
 """
@@ -122,6 +132,13 @@ def taesd_vae(path: Path, latent_channels: int = 16) -> Path:
     return _save(taesd_tensors(latent_channels), path)
 
 
+def taesd_half(path: Path, half: str, latent_channels: int = 128) -> Path:
+    """The ``half`` ("encoder" or "decoder") of ``taesd_tensors(latent_channels)`` without its
+    ``taesd_<half>.`` prefix, as ``VAELoader.load_taesd`` reads ``vae_approx/<name>_<half>.*``."""
+    prefix = f"taesd_{half}."
+    return _save({k.removeprefix(prefix): v for k, v in taesd_tensors(latent_channels).items() if k.startswith(prefix)}, path)
+
+
 def sd15_checkpoint(path: Path) -> Path:
     """One checkpoint file: ``model.diffusion_model.*``, ``cond_stage_model.transformer.*``,
     ``first_stage_model.*`` (fp16)."""
@@ -185,3 +202,35 @@ def flux_gguf_q8_0(path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+FLUX2_UNET_OVERRIDES: dict[str, Any] = {
+    "hidden_size": 128, "num_heads": 1, "axes_dim": [32, 32, 32, 32], "context_in_dim": 4096,
+    "guidance_embed": False, "depth": 1, "depth_single_blocks": 1,
+}
+"""``tiny_dits.flux2_config`` at the widths ``comfy.model_detection`` reads back for Flux.2."""
+
+ZIMAGE_UNET_OVERRIDES: dict[str, Any] = {
+    "dim": 3840, "n_heads": 30, "n_kv_heads": 30, "axes_dims": [32, 48, 48], "n_layers": 1, "n_refiner_layers": 2,
+    "cap_feat_dim": 4096,
+}
+"""``tiny_dits.zimage_config`` at what ``comfy.model_detection``'s Z-Image branch hard-codes."""
+
+
+def flux2_unet(path: Path) -> Path:
+    """A Flux.2 ``diffusion_models`` file (bare DiT keys, bf16); ComfyUI 0.33 only."""
+    from .tiny_dits import flux2_config
+
+    return _save(flux_module(**flux2_config(**FLUX2_UNET_OVERRIDES)).state_dict(), path)
+
+
+def zimage_unet(path: Path) -> Path:
+    """A Z-Image ``diffusion_models`` file (bare ``NextDiT`` keys with the caption / image pad
+    tokens, bf16); ComfyUI 0.33 only."""
+    import comfy.ldm.lumina.model
+    import comfy.ops
+
+    from .tiny_dits import zimage_config
+
+    module = comfy.ldm.lumina.model.NextDiT(dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init, **zimage_config(**ZIMAGE_UNET_OVERRIDES))
+    return _save(_filled(module, seed=5), path)

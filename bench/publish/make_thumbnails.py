@@ -27,6 +27,8 @@ ASSETS = REPO / "assets"
 PACK_NODE_TYPES = ("ToMAPatch", "ToMAPatchAdvanced")
 SAMPLE_IMAGES = {"flux": "astronaut", "sdxl": "chelsea", "sd15": "coffee", "wan": "rocket"}
 """Workflow name prefix -> scikit-image sample picture (any other name gets the astronaut)."""
+MODEL_TITLES = {"flux": "Flux", "flux2": "Flux.2", "sdxl": "SDXL", "wan": "Wan", "z_image": "Z-Image"}
+"""Workflow name without "_toma" -> the model name in its thumbnail's title."""
 
 THUMB_GRID, THUMB_PATCH = 32, 16  # 32 x 32 tokens of 16 px: a 512 px picture
 ICON_GRID, ICON_PATCH, ICON_TILE = 16, 16, 4  # 256 px icon
@@ -106,7 +108,7 @@ def workflow_thumbnail(path: Path):
     ratio, tile_size = toma_settings(workflow)
     rec = plan_picture(sample_image_for(path.stem), ratio, tile_size, THUMB_GRID, THUMB_PATCH)
     n, d = rec.h * rec.w, rec.plan.num_kept
-    model = path.stem.split("_")[0].upper().replace("FLUX", "Flux").replace("WAN", "Wan")
+    model = MODEL_TITLES[path.stem.removesuffix("_toma")]
     subtitle = f"ratio {ratio:g}, tile {tile_size}x{tile_size}: {n} -> {d} tokens (red = kept)"
     return thumbnail(rec, tile_size, f"ToMA token merging - {model}", subtitle)
 

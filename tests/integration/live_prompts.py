@@ -9,10 +9,17 @@ CPU test must:
   weights, never downloaded) in the server's models folder: a full-width Flux-dev with 1 double +
   1 single block for ``UNETLoader``, a TAESD-layout VAE for ``VAELoader``, an SD1.5-class
   checkpoint (320 channels, 2 levels) for ``CheckpointLoaderSimple`` (SDXL's layout cannot shrink);
+  on ComfyUI 0.33 also a Flux.2 [klein]-style DiT (1 double + 1 single block), a Z-Image DiT at full
+  width with one main layer, and a 128-channel TAESD pair in ``vae_approx`` for the Flux.2 VAE
+  (``VAELoader``'s "taef2");
 - the text-encoder loader where the real one cannot be made small: ``DualCLIPLoader`` (CLIP-L +
   T5-XXL) becomes ``CLIPLoader(type="sd3")`` with a CLIP-L, which pads to Flux's 4096 channels;
-- size and length: 256x256 images, 128x128 videos of 5 frames, ``STEPS`` sampler steps, and
-  ``start_percent`` 0 on the ToMA node, because with 2 steps the shipped 0.75 window holds no step.
+- size and length: 256x256 images, 128x128 videos of 5 frames, ``STEPS`` sampler steps (KSampler,
+  KSamplerAdvanced, Flux2Scheduler), and ``start_percent`` 0 on the ToMA node, because with 2 steps
+  the shipped window holds no step.
+
+Templates of models a ComfyUI tree lacks (Flux.2 and Z-Image on 0.3.64: ``NEEDS_CLASS``) are left
+out there, and the tests skip them by name with ``missing_model_reason``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ FILES = {
     "taef1": "vae/toma_test_taef1.safetensors",
     "wan_vae": "vae/toma_test_wan_2.1_vae.safetensors",
     "sd15": "checkpoints/toma_test_sd15_2level.safetensors",
+    "flux2": "diffusion_models/toma_test_flux2_1x1.safetensors",
+    "zimage": "diffusion_models/toma_test_zimage_1layer.safetensors",
+    "taef2": "vae_approx/taef2_decoder.safetensors",
+    "taef2_encoder": "vae_approx/taef2_encoder.safetensors",
 }
 SWAPS = {
     "flux1-dev.safetensors": "flux",
@@ -50,31 +61,59 @@ SWAPS = {
     "ae.safetensors": "taef1",
     "wan_2.1_vae.safetensors": "wan_vae",
     "sd_xl_base_1.0.safetensors": "sd15",
+    "flux-2-klein-4b.safetensors": "flux2",
+    "flux2-vae.safetensors": "taef2",
+    "z_image_turbo_bf16.safetensors": "zimage",
 }
 """Shipped model file name -> this test's file (a name missing here fails the test: a new
 workflow needs its file made too)."""
+LOADER_NAMES = {"taef2": "taef2"}
+"""FILES key -> the name the loader lists where it is not the file's (VAELoader lists a
+``vae_approx`` TAESD pair by its name)."""
 LOADERS = {"UNETLoader": "unet_name", "VAELoader": "vae_name", "CheckpointLoaderSimple": "ckpt_name"}
 TEXT_LOADERS = ("DualCLIPLoader", "CLIPLoader")
-"""T5-XXL and umT5-XXL cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to 4096."""
+"""T5-XXL, umT5-XXL and Qwen3-4B cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to
+4096 (the test's Flux.2 and Z-Image files take 4096-wide text)."""
 TOMA_NODES = ("ToMAPatch", "ToMAPatchAdvanced")
 TOKEN_PATTERN = re.compile(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)")
-FAMILIES = {"flux": "flux", "wan_high": "wan", "wan_low": "wan", "sd15": "unet"}
+FAMILIES = {"flux": "flux", "wan_high": "wan", "wan_low": "wan", "sd15": "unet", "flux2": "flux", "zimage": "lumina2"}
 """Model file key -> the family name ToMA's run line gives ("ToMA [flux]: ...")."""
+
+NEEDS_CLASS = {
+    "flux2_toma": "Flux2", "z_image_toma": "ZImage", "flux2": "Flux2", "taef2": "Flux2", "taef2_encoder": "Flux2", "zimage": "ZImage",
+}
+"""Templates (by file stem) and FILES keys of models a ComfyUI tree may lack -> the
+``comfy.supported_models`` class they need (0.33 has them; 0.3.64 has neither these classes nor
+Flux.2's EmptyFlux2LatentImage / Flux2Scheduler nodes)."""
+
+
+def missing_model_reason(name: str) -> str | None:
+    """Why this ComfyUI cannot run template or file ``name`` (the model class it needs is absent),
+    or None. Import only once ComfyUI is importable (the ``comfy`` fixture)."""
+    import comfy.supported_models
+
+    needed = NEEDS_CLASS.get(name)
+    if needed is None or hasattr(comfy.supported_models, needed):
+        return None
+    return f"{name}: this ComfyUI has no comfy.supported_models.{needed} (its model, nodes and template need ComfyUI 0.33)"
 
 
 def make_model_files(models: Path) -> list[Path]:
-    """Write every file of FILES under ``models`` (a server's models folder); their paths."""
+    """Write every file of FILES this ComfyUI can load under ``models`` (a server's models
+    folder); their paths."""
     from bench.harness import model_files
 
     makers = {
         "flux": model_files.flux_unet, "wan_high": lambda p: model_files.wan_unet(p, seed=0),
         "wan_low": lambda p: model_files.wan_unet(p, seed=1), "clip_l": model_files.clip_l,
         "taef1": model_files.taesd_vae, "wan_vae": model_files.wan_vae, "sd15": model_files.sd15_checkpoint,
+        "flux2": model_files.flux2_unet, "zimage": model_files.zimage_unet,
+        "taef2": lambda p: model_files.taesd_half(p, "decoder"), "taef2_encoder": lambda p: model_files.taesd_half(p, "encoder"),
     }
-    paths = [models / relative for relative in FILES.values()]
-    for key, path in zip(FILES, paths):
-        makers[key](path)
-    return paths
+    keys = [key for key in FILES if missing_model_reason(key) is None]
+    for key in keys:
+        makers[key](models / FILES[key])
+    return [models / FILES[key] for key in keys]
 
 
 def with_steps(node: dict[str, Any], steps: int) -> None:
@@ -93,12 +132,15 @@ def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str
     for node in prompt.values():
         if node["class_type"] in LOADERS:
             key = LOADERS[node["class_type"]]
-            node["inputs"][key] = files[SWAPS[node["inputs"][key]]]
+            swap = SWAPS[node["inputs"][key]]
+            node["inputs"][key] = LOADER_NAMES.get(swap, files[swap])
         elif node["class_type"] == "KSamplerAdvanced":
             with_steps(node, STEPS)
     for node_id in [i for c in TEXT_LOADERS for i in wa.nodes_of(prompt, c)]:
         prompt = wa.replace_node(prompt, node_id, wa.api_node(object_info, "CLIPLoader", clip_name=files["clip_l"], type="sd3"))
-    prompt = wa.set_inputs(prompt, "EmptyLatentImage", width=SIZE, height=SIZE)
+    for latent in ("EmptyLatentImage", "EmptySD3LatentImage", "EmptyFlux2LatentImage"):
+        prompt = wa.set_inputs(prompt, latent, width=SIZE, height=SIZE)
+    prompt = wa.set_inputs(prompt, "Flux2Scheduler", steps=STEPS, width=SIZE, height=SIZE)
     prompt = wa.set_inputs(prompt, "EmptyHunyuanLatentVideo", width=VIDEO_SIZE, height=VIDEO_SIZE, length=VIDEO_FRAMES)
     prompt = wa.set_inputs(prompt, "KSampler", steps=STEPS)
     prompt = wa.set_inputs(prompt, "SaveVideo", filename_prefix=f"toma_test_{name}")
@@ -106,25 +148,26 @@ def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str
 
 
 def shipped_prompts(object_info: dict[str, Any], files: dict[str, str]) -> dict[str, wa.Prompt]:
-    """Every example workflow as its CPU prompt, by file stem ("flux_toma", ...)."""
+    """Every example workflow this ComfyUI can run as its CPU prompt, by file stem ("flux_toma", ...)."""
     return {
         path.stem: for_cpu(wa.ui_to_api(json.loads(path.read_text(encoding="utf-8")), object_info), object_info, files, path.stem)
-        for path in EXAMPLES
+        for path in EXAMPLES if missing_model_reason(path.stem) is None
     }
 
 
 def family_of_workflow(prompt: wa.Prompt) -> str:
     """The model family of the prompt's diffusion-model files."""
-    keys = {Path(relative).name: key for key, relative in FILES.items()}
+    keys = {Path(relative).name: key for key, relative in FILES.items()} | {name: key for key, name in LOADER_NAMES.items()}
     names = [node["inputs"][LOADERS[node["class_type"]]] for node in prompt.values() if node["class_type"] in LOADERS]
     (family,) = {FAMILIES[keys[name]] for name in names if keys[name] in FAMILIES}
     return family
 
 
 def expected_grids(family: str, size: int = SIZE, video_size: int = VIDEO_SIZE) -> set[tuple[int, int]]:
-    """Token grids of square images of ``size`` and videos of ``video_size`` pixels: Flux's and
-    Wan's 2x2 patches (per frame for Wan); a 2-level UNet's two levels."""
-    if family == "flux":
+    """Token grids of square images of ``size`` and videos of ``video_size`` pixels: a token per 16 x
+    16 pixels for Flux, Z-Image (``lumina2``) and Wan (per frame; Flux.2's 1 x 1 patches of its 16x
+    latent alike); a 2-level UNet's two levels."""
+    if family in ("flux", "lumina2"):
         return {(size // LATENT_FACTOR // PATCH,) * 2}
     if family == "wan":
         return {(video_size // LATENT_FACTOR // PATCH,) * 2}
