@@ -114,6 +114,26 @@ def test_a_run_without_tokens_or_unmerged_reads_back():
     assert record.tokens == {} and record.unmerged_calls == {} == record.unmerged_blocks
 
 
+CODE_REASONS = [
+    wrappers.IDLE_CALL,
+    timing.auto_stop_reason(2 / 3),
+    config_of(ratio=0.1, tile_size=2).off_reason,
+    pack_module("nodes.families.wan").S2V_REASON,
+    pack_module("nodes.families.hidream").EDIT,
+    pack_module("nodes.machinery.spans").NOT_MOVED.reason,
+    contract.TOKENS_DIFFER.reason,
+    "the layer received keyword(s) cap_mask, x_mask",  # lumina2.py's wording for two keywords
+]
+
+
+@pytest.mark.parametrize("reason", CODE_REASONS)
+def test_the_codes_reasons_read_back_as_calls_and_as_block_runs(reason):
+    stats = stats_of(unmerged_calls=Counter({reason: 2, AUTO_VETO: 1}), unmerged_blocks=Counter({reason: 4, SHAPE: 1}))
+    record = round_trip(config_of(), stats, 1, GAINS[3])
+    assert record.unmerged_calls == {reason: 2, AUTO_VETO: 1}
+    assert record.unmerged_blocks == {reason: 4, SHAPE: 1, report.ORPHAN_REASON: 1}
+
+
 def test_orphans_alone_are_their_own_block_reason():
     record = round_trip(config_of(), stats_of(unmerged_blocks=Counter()), 5, None)
     assert record.unmerged_blocks == {report.ORPHAN_REASON: 5}
