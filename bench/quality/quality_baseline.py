@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..harness import cli, metrics
@@ -43,15 +45,33 @@ def node_defaults() -> dict[str, Any]:
     return {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
 
 
+def sampler(family: str) -> Callable[[Any, torch.Tensor, int], np.ndarray]:
+    """sample(model, noise, seed) -> decoded image (H, W, 3) for this fixture's sampler settings."""
+    import comfy.sample
+
+    from ..harness import trained
+
+    positive, negative = trained.conditioning(family)
+    latent = torch.zeros(trained.latent_shape(family))
+    s = trained.SAMPLER[family]
+
+    def sample(model: Any, noise: torch.Tensor, seed: int) -> np.ndarray:
+        out = comfy.sample.sample(model, noise, s["steps"], s["cfg"], s["sampler_name"], s["scheduler"],
+                                  positive, negative, latent, seed=seed, disable_pbar=True)
+        return trained.decode(family, out)[0].permute(1, 2, 0).double().numpy()
+
+    return sample
+
+
 def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
     """PSNR (dB) per seed of the ToMA Patch defaults against the unpatched model on `family`."""
     import comfy.sample
-    from ..tokens import stability
+
     from ..harness import trained
 
     base = trained.load_model(family)
     patched = trained.patch_at_node_defaults(base)
-    sample = stability.sampler(family)
+    sample = sampler(family)
     scores = []
     for seed in seeds:
         noise = comfy.sample.prepare_noise(torch.zeros(trained.latent_shape(family)), seed)
