@@ -5,7 +5,8 @@
     python -m bench.speed.realsize predict --family flux --resolution 1024 --ratio 0.5 --start-percent 0.4
     python -m bench.speed.realsize predict --family wan14b --resolution 720p --frames 81 --steps 30 --sampler euler
 
-Families: Flux.1-dev, SDXL, SD1.5, SD3.5 Large, Qwen-Image, Wan 2.1 14B / 1.3B, HunyuanVideo
+Families: Flux.1-dev, SDXL, SD1.5, SD3.5 Large, Qwen-Image, Wan 2.1 14B / 1.3B, HunyuanVideo; on ComfyUI 0.33
+Flux.2-dev, Flux.2 Klein 4B / 9B, Z-Image (Turbo), HunyuanVideo 1.5, LongCat-Image
 (realsize_setup.FAMILIES). A prediction combines (a) block times measured at the real width
 (realsize_measure: the real ComfyUI class with one or two blocks of each kind, random weights,
 merged through the pack's own hooks and unmerged, in turns), fitted per kind as a + b L + heads
