@@ -1,5 +1,6 @@
 """How the benches time calls: the --clock choices, one timed call with the device synchronised, the
-round-robin median every speed figure comes from, and a profiler table."""
+one round-robin timer every speed figure comes from (``samples_ms``; ``median_ms`` its medians), and
+a profiler table."""
 
 from __future__ import annotations
 
@@ -32,21 +33,30 @@ def timed_ms(fn: Callable[[], object], device: str | torch.device, clock: Clock 
     return (clock() - start) * 1000
 
 
-def median_ms(calls: Mapping[str, Callable[[], object]], device: str | torch.device, *, warmup: int, repeats: int,
-              clock: Clock = time.perf_counter,
-              before: Mapping[str, Callable[[], object]] | None = None) -> dict[str, float]:
-    """Median ms per call of each entry on `clock`: `warmup` untimed rounds, then `repeats` timed
-    ones. In every round the calls take turns (round-robin), so that load changes on a shared
-    machine hit every configuration alike. ``before[name]()``, when given, runs untimed before each
-    of that entry's turns (e.g. loading its patcher, as sampling does)."""
+def samples_ms(calls: Mapping[str, Callable[[], object]], device: str | torch.device, *, warmup: int, repeats: int,
+               clock: Clock = time.perf_counter, before: Mapping[str, Callable[[], object]] | None = None,
+               per_turn: int = 1) -> dict[str, list[float]]:
+    """The one timer of the benches: ms of each timed call of each entry on `clock`. `warmup`
+    untimed rounds, then `repeats` timed ones; in every round the entries take turns (round-robin),
+    so that load changes on a shared machine hit every configuration alike, and each turn makes
+    `per_turn` calls. ``before[name]()``, when given, runs untimed before each of that entry's turns
+    (e.g. loading its patcher, as sampling does)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for round_index in range(warmup + repeats):
         for name, fn in calls.items():
             if before is not None:
                 before[name]()
-            ms = timed_ms(fn, device, clock)
+            ms = [timed_ms(fn, device, clock) for _ in range(per_turn)]
             if round_index >= warmup:
-                times[name].append(ms)
+                times[name] += ms
+    return times
+
+
+def median_ms(calls: Mapping[str, Callable[[], object]], device: str | torch.device, *, warmup: int, repeats: int,
+              clock: Clock = time.perf_counter, before: Mapping[str, Callable[[], object]] | None = None,
+              per_turn: int = 1) -> dict[str, float]:
+    """Median ms per call of each entry, timed by ``samples_ms``."""
+    times = samples_ms(calls, device, warmup=warmup, repeats=repeats, clock=clock, before=before, per_turn=per_turn)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -269,10 +269,11 @@ def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict
 
 def import_comfy(args: argparse.Namespace) -> str:
     """Import ComfyUI the way the benches do; returns its version, raises RuntimeError if unavailable."""
+    from ..harness import cli
     from ..speed import bench_flux
 
     try:
-        root = bench_flux.import_comfy(bench_flux.parse_args(["--device", args.device]))
+        root = cli.import_comfy(bench_flux.parse_args(["--device", args.device]))
     except SystemExit as exc:
         raise RuntimeError(str(exc.code)) from None
     from ..harness import comfy_env

@@ -7,7 +7,8 @@ blocks).
     python -m bench.speed.bench_families --family qwen_image --ratios 0.25 0.5 0.75
 
 For each family and ratio, in one round-robin (interleaved medians of ms per model call; each
-model is loaded before its turn, untimed, so object patches apply as in sampling): the unpatched model, ToMA on every block (a plan built in every call), and the
+model is loaded before its turn, untimed, so object patches apply as in sampling; bench/speed/model_speed.py,
+the skeleton the speed benches share): the unpatched model, ToMA on every block (a plan built in every call), and the
 ideal, the unpatched model on a grid of D tokens, the physical limit of merging. Speed-ups are
 against the unpatched model of the same round; "vs ideal" is ToMA's time over the ideal's.
 """
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..harness import cli, sampling, timing
-from .bench_flux import ideal_grid, kept_tokens, patch
+from ..harness import cli, sampling
+from . import model_speed
+from .model_speed import ideal_grid
 
 
 @dataclass(frozen=True)
@@ -81,20 +83,10 @@ SHAPES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_device_args(p)
     p.add_argument("--family", choices=sorted(SHAPES), action="append", help="repeat for several (default: all)")
     p.add_argument("--grid", type=int, default=32, help="image tokens per side")
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.5])
-    p.add_argument("--tile-size", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--clock", default="wall", choices=list(timing.CLOCKS),
-                   help="cpu: this process's CPU time (with --threads 1, robust to other jobs on a shared machine)")
-    cli.add_kernel_args(p)
-    args = p.parse_args(argv)
-    args.batch = 1
-    return args
+    model_speed.add_args(p, ratios=[0.5], repeats=7, warmup=2)
+    return p.parse_args(argv)
 
 
 def build(shape: Shape, args: argparse.Namespace):
@@ -111,61 +103,36 @@ def build(shape: Shape, args: argparse.Namespace):
 
 def make_call(patcher, shape: Shape, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Callable[[], torch.Tensor]:
     """One sampler-like model call on an h x w token grid (latent 2h x 2w) per frame."""
-    device, dtype = torch.device(args.device), cli.DTYPES[args.dtype]
-    gen = torch.Generator().manual_seed(0)
     frames = (shape.frames,) if shape.video_axis else ()
-    x = torch.randn((1, shape.channels, *frames, 2 * grid_hw[0], 2 * grid_hw[1]), generator=gen).to(device)
-    kwargs = {"c_crossattn": torch.randn((1, shape.text, shape.context_dim), generator=gen).to(device, dtype)}
-    if shape.pooled:
-        kwargs["y"] = torch.randn((1, shape.pooled), generator=gen).to(device, dtype)
-    if shape.extra:
-        kwargs |= shape.extra(1, shape.text)
-    sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
-    return sampling.model_call(patcher, x, sigmas, [0], ["bench"], **kwargs)
-
-
-def timed_round_robin(calls: dict[str, tuple[object, Callable[[], torch.Tensor]]],
-                      args: argparse.Namespace) -> dict[str, float]:
-    """Median ms per call of each (patcher, call), timed round-robin. Each patcher is loaded before
-    its turn (untimed): loading applies its object patches (Lumina2, HiDream) and takes the other
-    clones' off, as sampling does."""
-    import comfy.model_management
-
-    def loader(patcher: object) -> Callable[[], None]:
-        return lambda: comfy.model_management.load_models_gpu([patcher])
-
-    return timing.median_ms({name: fn for name, (_, fn) in calls.items()}, args.device, warmup=args.warmup,
-                            repeats=args.repeats, clock=timing.CLOCKS[args.clock],
-                            before={name: loader(patcher) for name, (patcher, _) in calls.items()})
+    extra = shape.extra(1, shape.text) if shape.extra else {}
+    return model_speed.seeded_call(patcher, args, (1, shape.channels, *frames, 2 * grid_hw[0], 2 * grid_hw[1]),
+                                   (shape.text, shape.context_dim), pooled=shape.pooled, **extra)
 
 
 def bench_family(name: str, args: argparse.Namespace) -> list[str]:
     """Table rows of one family: unpatched, then ToMA and the ideal at each ratio."""
     shape = SHAPES[name]
     base = build(shape, args)
-    side = int(round((args.grid ** 2 / shape.frames) ** 0.5))
+    side = round((args.grid ** 2 / shape.frames) ** 0.5)
     full = (side, side)
-    frame_args = argparse.Namespace(**vars(args) | {"grid": side})
     rows = []
     for ratio in args.ratios:
-        d = kept_tokens(ratio, frame_args)
-        toma = patch(base, ratio, args)
-        ms = timed_round_robin({
+        d = model_speed.kept_tokens(side, side, ratio, args)
+        toma = model_speed.toma_every_block(base, ratio, args)
+        ms = model_speed.median_ms({
             "plain": (base, make_call(base, shape, args, full)),
             "toma": (toma, make_call(toma, shape, args, full)),
             "ideal": (base, make_call(base, shape, args, ideal_grid(d, full))),
         }, args)
-        plain, toma, ideal = ms["plain"], ms["toma"], ms["ideal"]
-        rows.append(f"{name:<14}{ratio:>6g}{shape.frames * side ** 2:>7}{shape.frames * d:>6}{plain:>10.1f}{toma:>10.1f}{plain / toma:>9.2f}"
-                    f"{ideal:>10.1f}{plain / ideal:>9.2f}{(toma / ideal - 1) * 100:>9.1f}%")
+        plain, toma_ms, ideal = ms["plain"], ms["toma"], ms["ideal"]
+        rows.append(f"{name:<14}{ratio:>6g}{shape.frames * side ** 2:>7}{shape.frames * d:>6}{plain:>10.1f}{toma_ms:>10.1f}"
+                    f"{plain / toma_ms:>9.2f}{ideal:>10.1f}{plain / ideal:>9.2f}{(toma_ms / ideal - 1) * 100:>9.1f}%")
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    root = cli.import_comfy(args)
+    root = model_speed.start(args)
     print(cli.run_header(root, args) + f"{args.grid}x{args.grid} image tokens, tile {args.tile_size}, "
           f"{args.clock} clock, median of {args.repeats} interleaved calls")
     print(f"{'family':<14}{'ratio':>6}{'N':>7}{'D':>6}{'plain ms':>10}{'ToMA ms':>10}{'speed-up':>9}{'ideal ms':>10}{'ideal x':>9}{'vs ideal':>10}")

@@ -9,24 +9,26 @@ at 1024^2. --real-size: hidden 3072, 24 heads, 19 + 38 blocks, 64x64 tokens, 512
 Random weights. Every configuration is timed in the same process (median ms per model call after
 warm-up): unpatched; ToMA at each ratio with every block merged (a plan is built in every call, as
 with recompute_every=1); and the ideal, the unpatched model on a grid of D tokens. Speed-ups are
-against the unpatched model timed in the same round-robin. Targets at ratio 0.5 on CPU: >= 1.6x, within 10% of
-the ideal. --profile prints where a ToMA call spends its time.
+against the unpatched model timed in the same round-robin (bench/speed/model_speed.py, the skeleton
+the speed benches share). Targets at ratio 0.5 on CPU: >= 1.6x, within 10% of the ideal. --profile
+prints where a ToMA call spends its time.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..harness import cli, sampling, timing
-from ..harness.cli import DTYPES, import_comfy
+from ..harness import cli, sampling
+from . import model_speed
+from .model_speed import ideal_grid
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_device_args(p)
     p.add_argument("--real-size", action="store_true", help="Flux.1 sizes: hidden 3072, 19+38 blocks, 64x64 tokens, T=512")
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--depth", type=int, default=2)
@@ -34,19 +36,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grid", type=int, default=32, help="image tokens per side")
     p.add_argument("--text", type=int, default=256)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
-    p.add_argument("--tile-size", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    cli.add_kernel_args(p)
+    model_speed.add_args(p, repeats=9)
     args = p.parse_args(argv)
     if args.real_size:
         args.hidden, args.depth, args.depth_single, args.grid, args.text = 3072, 19, 38, 64, 512
     return args
 
 
-def build_model(args: argparse.Namespace):
+def build_model(args: argparse.Namespace) -> Any:
     """A Flux-shaped comfy.model_base.Flux with random weights, in a ModelPatcher on the device."""
     import comfy.supported_models
 
@@ -63,68 +60,42 @@ def build_model(args: argparse.Namespace):
     return sampling.build_patcher(comfy.supported_models.Flux, config, args)
 
 
-def make_call(patcher, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Callable[[], torch.Tensor]:
-    """One model call as a sampler makes it (BaseModel.apply_model with the patcher's wrappers)."""
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn((args.batch, 16, 2 * grid_hw[0], 2 * grid_hw[1]), generator=gen).to(device)
-    context = torch.randn((args.batch, args.text, 4096), generator=gen).to(device, dtype)
-    y = torch.randn((args.batch, 768), generator=gen).to(device, dtype)
-    sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
-    guidance = torch.full((args.batch,), 3.5, device=device)
-    return sampling.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context, y=y, guidance=guidance)
+def make_call(patcher: Any, args: argparse.Namespace, grid_hw: tuple[int, int]) -> Callable[[], torch.Tensor]:
+    """One model call on an h x w token grid (latent 2h x 2w), --text text tokens, guidance 3.5."""
+    return model_speed.seeded_call(patcher, args, (args.batch, 16, 2 * grid_hw[0], 2 * grid_hw[1]), (args.text, 4096),
+                                   pooled=768, guidance=torch.full((args.batch,), 3.5))
 
 
-def ideal_grid(tokens: int, like: tuple[int, int]) -> tuple[int, int]:
-    """An h x w grid with exactly `tokens` tokens, as square as possible (h <= like[0])."""
-    best = (1, tokens)
-    for h in range(1, min(tokens, like[0]) + 1):
-        if tokens % h == 0 and abs(h - tokens // h) < abs(best[0] - best[1]):
-            best = (h, tokens // h)
-    return best
-
-
-def patch(patcher, ratio: float, args: argparse.Namespace, **options):
+def patch(patcher: Any, ratio: float, args: argparse.Namespace, **options: Any) -> Any:
     """ToMA on every block at `ratio`; options are further ToMASettings (e.g. proportional_attention)."""
-    from ..harness.pack import pack_module
-
-    settings = pack_module("nodes.settings")
-    patching = pack_module("nodes.patching")
-    return patching.patch_model(patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", **options))
+    return model_speed.toma_every_block(patcher, ratio, args, **options)
 
 
 def kept_tokens(ratio: float, args: argparse.Namespace) -> int:
-    from ..harness.pack import pack_module
-
-    grid = pack_module("toma_core").TileGrid(args.grid, args.grid, args.tile_size, ratio)
-    return grid.num_kept
+    return model_speed.kept_tokens(args.grid, args.grid, ratio, args)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    root = import_comfy(args)
+    root = model_speed.start(args)
     base = build_model(args)
-    n = args.grid * args.grid
+    n, full = args.grid * args.grid, (args.grid, args.grid)
     print(cli.run_header(root, args) + f"hidden {args.hidden}, {args.depth}+{args.depth_single} blocks, "
           f"{args.grid}x{args.grid} image tokens + {args.text} text, batch {args.batch}, tile {args.tile_size}, "
-          f"median of {args.repeats} calls")
+          f"{args.clock} clock, median of {args.repeats} calls")
     print(f"{'config':<14}{'tokens':>8}{'ms/call':>10}{'speed-up':>10}{'ideal ms':>10}{'ideal x':>9}{'vs ideal':>10}")
     for ratio in args.ratios:
         d = kept_tokens(ratio, args)
-        calls = {
-            "plain": make_call(base, args, (args.grid, args.grid)),
-            "toma": make_call(patch(base, ratio, args), args, (args.grid, args.grid)),
-            "ideal": make_call(base, args, ideal_grid(d, (args.grid, args.grid))),
-        }
-        ms = timing.median_ms(calls, args.device, warmup=args.warmup, repeats=args.repeats)
-        plain, toma, ideal = ms["plain"], ms["toma"], ms["ideal"]
+        toma = patch(base, ratio, args)
+        entries = {"plain": (base, make_call(base, args, full)), "toma": (toma, make_call(toma, args, full)),
+                   "ideal": (base, make_call(base, args, ideal_grid(d, full)))}
+        ms = model_speed.median_ms(entries, args)
+        plain, toma_ms, ideal = ms["plain"], ms["toma"], ms["ideal"]
         print(f"{'unpatched':<14}{n:>8}{plain:>10.1f}{1.0:>10.2f}")
-        print(f"{'ToMA ' + format(ratio, 'g'):<14}{d:>8}{toma:>10.1f}{plain / toma:>10.2f}{ideal:>10.1f}"
-              f"{plain / ideal:>9.2f}{(toma / ideal - 1) * 100:>9.1f}%")
+        print(f"{'ToMA ' + format(ratio, 'g'):<14}{d:>8}{toma_ms:>10.1f}{plain / toma_ms:>10.2f}{ideal:>10.1f}"
+              f"{plain / ideal:>9.2f}{(toma_ms / ideal - 1) * 100:>9.1f}%")
         if args.profile and ratio == args.ratios[0]:
-            timing.profile_call(calls["toma"], args.device, row_limit=18)
+            model_speed.profile(entries["toma"], args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ attention in a block (tokens / width) is the 14B model's. --real-size: dim 5120,
 ffn 13824, 40 blocks, 21 x 30 x 52 tokens. Random weights.
 
 Every configuration is timed in the same process, round-robin (median ms per model call after
-warm-up): unpatched; ToMA at each ratio with every block merged and a plan built in every call
+warm-up; bench/speed/model_speed.py, the skeleton the speed benches share): unpatched; ToMA at each ratio with every block merged and a plan built in every call
 (recompute_every=1); and the ideal, the unpatched model on a video of D tokens (same frames, fewer
 tokens per frame), what a merge with zero overhead would give. Target at ratio 0.5 on CPU:
 >= 2.0x and >= 90 % of the ideal's speed-up. --tile-frames compares frames per tile.
@@ -20,20 +20,21 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..harness import cli, sampling, timing
-from ..harness.timing import CLOCKS
-from ..harness.cli import DTYPES
-from .bench_flux import ideal_grid, import_comfy
+from ..harness import cli, sampling
+from ..harness.pack import pack_module
+from . import model_speed
+from .model_speed import ideal_grid
 
 WAN_14B = {"dim": 5120, "heads": 40, "ffn": 13824, "depth": 40, "frames": 21, "height": 30, "width": 52}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_device_args(p)
     p.add_argument("--real-size", action="store_true", help="Wan 14B at 832x480x81: dim 5120, 40 blocks, 21x30x52 tokens")
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--heads", type=int, default=4)
@@ -44,16 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=13, help="tokens per frame row")
     p.add_argument("--text", type=int, default=512)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
-    p.add_argument("--tile-size", type=int, default=4)
     p.add_argument("--tile-frames", type=int, nargs="+", default=None,
                    help="frames per tile, one ToMA row each (default: the node's default)")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--clock", choices=["auto", *CLOCKS], default="auto",
-                   help="auto: cpu time on the CPU with one thread, else wall time")
-    cli.add_kernel_args(p)
+    model_speed.add_args(p, repeats=7, warmup=1, clock="auto")
     args = p.parse_args(argv)
     if args.real_size:
         w = WAN_14B
@@ -62,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_model(args: argparse.Namespace):
+def build_model(args: argparse.Namespace) -> Any:
     """A Wan-shaped comfy.model_base.WAN21 (T2V) with random weights, in a ModelPatcher on the device."""
     import comfy.supported_models
 
@@ -75,81 +69,53 @@ def build_model(args: argparse.Namespace):
     return sampling.build_patcher(comfy.supported_models.WAN21_T2V, config, args)
 
 
-def make_call(patcher, args: argparse.Namespace, grid: tuple[int, int, int]):
+def make_call(patcher: Any, args: argparse.Namespace, grid: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
     """One model call as a sampler makes it, on a latent of grid (frames, h, w) tokens."""
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    gen = torch.Generator().manual_seed(0)
     frames, h, w = grid
-    x = torch.randn((args.batch, 16, frames, 2 * h, 2 * w), generator=gen).to(device)
-    context = torch.randn((args.batch, args.text, 4096), generator=gen).to(device, dtype)
-    sigmas = torch.tensor([1.0, 0.5, 0.0], device=device)
-    return sampling.model_call(patcher, x, sigmas, [0], ["bench"], c_crossattn=context)
-
-
-def patch(patcher, ratio: float, tile_frames: int, args: argparse.Namespace):
-    """ToMA on every block at `ratio` with tiles of `tile_frames` frames."""
-    from ..harness.pack import pack_module
-
-    settings = pack_module("nodes.settings")
-    patching = pack_module("nodes.patching")
-    return patching.patch_model(
-        patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", tile_frames=tile_frames),
-    )
-
-
-def default_tile_frames() -> int:
-    from ..harness.pack import pack_module
-
-    return pack_module("nodes.settings").NODE_TILE_FRAMES
+    return model_speed.seeded_call(patcher, args, (args.batch, 16, frames, 2 * h, 2 * w), (args.text, 4096))
 
 
 def kept_tokens(ratio: float, tile_frames: int, args: argparse.Namespace) -> int:
     """D of a text-to-video call: frame 0 alone in spatial tiles, frames 1.. in tiles of
     `tile_frames` frames (nodes/families/wan.py)."""
-    from ..harness.pack import pack_module
-
-    grid = pack_module("toma_core").TileGrid
-    first = grid(args.height, args.width, args.tile_size, ratio).num_kept
-    rest = grid(args.height, args.width, args.tile_size, ratio, frames=args.frames - 1, tile_frames=tile_frames).num_kept
-    return first + rest if args.frames > 1 else first
+    first = model_speed.kept_tokens(args.height, args.width, ratio, args)
+    if args.frames == 1:
+        return first
+    return first + model_speed.kept_tokens(args.height, args.width, ratio, args, frames=args.frames - 1, tile_frames=tile_frames)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "auto":
-        args.clock = "cpu" if args.device == "cpu" and torch.get_num_threads() == 1 else "wall"
-    root = import_comfy(args)
+    root = model_speed.start(args)
     if args.tile_frames is None:
-        args.tile_frames = [default_tile_frames()]
+        args.tile_frames = [pack_module("nodes.settings").NODE_TILE_FRAMES]
     base = build_model(args)
-    per_frame = args.height * args.width
-    n = args.frames * per_frame
+    full = (args.frames, args.height, args.width)
+    n = args.frames * args.height * args.width
     print(cli.run_header(root, args) + f"Wan dim {args.dim} ({args.heads} heads), ffn {args.ffn}, "
           f"{args.depth} blocks, {args.frames}x{args.height}x{args.width} = {n} video tokens + {args.text} text, "
           f"batch {args.batch}, tile {args.tile_size}, median {args.clock} time of {args.repeats} interleaved calls")
-    print(f"| config | tokens | ms/call | speed-up | ideal ms | ideal x | % of ideal |")
+    print("| config | tokens | ms/call | speed-up | ideal ms | ideal x | % of ideal |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for ratio in args.ratios:
         d = {t: kept_tokens(ratio, t, args) for t in args.tile_frames}
         ideal = ideal_grid(math.ceil(d[args.tile_frames[0]] / args.frames), (args.height, args.width))
-        calls = {"plain": make_call(base, args, (args.frames, args.height, args.width))}
-        calls |= {f"toma{t}": make_call(patch(base, ratio, t, args), args, (args.frames, args.height, args.width))
-                  for t in args.tile_frames}
-        calls["ideal"] = make_call(base, args, (args.frames, *ideal))
-        ms = timing.median_ms(calls, args.device, warmup=args.warmup, repeats=args.repeats,
-                              clock=CLOCKS[args.clock])
+        entries = {"plain": (base, make_call(base, args, full))}
+        for t in args.tile_frames:
+            toma = model_speed.toma_every_block(base, ratio, args, tile_frames=t)
+            entries[f"toma{t}"] = (toma, make_call(toma, args, full))
+        entries["ideal"] = (base, make_call(base, args, (args.frames, *ideal)))
+        ms = model_speed.median_ms(entries, args)
         plain, best = ms["plain"], ms["ideal"]
         print(f"| unpatched | {n} | {plain:.1f} | 1.00 | | | |")
         print(f"| ideal {ratio:g} | {args.frames * ideal[0] * ideal[1]} | {best:.1f} | {plain / best:.2f} | | | |")
         for t in args.tile_frames:
-            toma = ms[f"toma{t}"]
+            toma_ms = ms[f"toma{t}"]
             label = f"ToMA {ratio:g}" + (f", {t} frames/tile" if len(args.tile_frames) > 1 else "")
-            print(f"| {label} | {d[t]} | {toma:.1f} | {plain / toma:.2f} | {best:.1f} | {plain / best:.2f} | "
-                  f"{100 * (plain / toma) / (plain / best):.0f}% |")
+            print(f"| {label} | {d[t]} | {toma_ms:.1f} | {plain / toma_ms:.2f} | {best:.1f} | {plain / best:.2f} | "
+                  f"{100 * (plain / toma_ms) / (plain / best):.0f}% |")
         if args.profile and ratio == args.ratios[0]:
-            timing.profile_call(calls[f"toma{args.tile_frames[0]}"], args.device, row_limit=18)
+            model_speed.profile(entries[f"toma{args.tile_frames[0]}"], args)
 
 
 if __name__ == "__main__":

@@ -36,10 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ..harness import timing
+from ..harness import cli, timing
 from ..harness.metrics import relative_error
-from ..speed import bench_flux
-from ..speed import bench_sdxl
+from ..speed import bench_flux, bench_sdxl
 
 BENCH = Path(__file__).resolve().parents[1]
 
@@ -207,14 +206,13 @@ def sdxl_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> Fami
     torch.manual_seed(seeds[0])
     base = bench_sdxl.build_model(args)
     configs = bench_sdxl.configurations(base, args)
-    calls = {name: bench_sdxl.make_call(patcher, args) for name, patcher in configs.items()}
 
     def output(name: str) -> torch.Tensor:
         comfy.model_management.load_models_gpu([configs[name]])
-        return calls[name]()
+        return bench_sdxl.make_call(configs[name], args)()
 
     ref = output("unpatched")
-    times = bench_sdxl.round_robin(configs, calls, args)
+    times = bench_sdxl.round_robin(configs, args)
     repeat = relative_error(output("unpatched"), ref)
     ms = {name: statistics.median(values) for name, values in times.items()}
     tokens = {name: _sdxl_tokens(args, _ratio(name) if name.startswith("ToMA") else 0.0) for name in configs}
@@ -355,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.device != "cpu"
     size = "real" if args.real_size else "cpu"
     fargs = flux_args(args.device, "bf16" if gpu else "fp32", size, args.ratios, 9 if gpu else 5, 3 if gpu else 1)
-    bench_flux.import_comfy(fargs)
+    cli.import_comfy(fargs)
     out = Path(args.out)
     results = []
     for family in args.families:
