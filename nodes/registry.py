@@ -97,7 +97,7 @@ FAMILIES: tuple[Family, ...] = (
         (("layers", "layers"),), DitCost("dim", ("layers", "noise_refiner")), "Lumina2",
         "Lumina-Image 2.0, Z-Image, Z-Image Turbo (NextDiT; Z-Image on ComfyUI 0.33)",
         "Object-patches each selected main layer (`layers:` in `blocks`); caption tokens and Z-Image's pad tokens pass through, merged tokens take their destinations' rope rows and mask columns.",
-        "`scope = block` only; no `proportional_attention`. The refiner layers stay exact. Z-Image tested on tiny models only (its real-size prediction is not made yet).",
+        "`scope = block` only; no `proportional_attention`. The refiner layers stay exact. Z-Image: tested on tiny models of 0.33's class, quality not measured on real weights.",
         "Lumina2, Z-Image", "layers:5-25",
     ),
     Family(

@@ -61,7 +61,10 @@ def test_every_family_is_timed_or_skipped_by_name(report: str) -> None:
         if present(name):
             assert len(found) == 1, f"{name}: no timing row"
             unmerged, merged, measured, predicted = float(found[0][3]), float(found[0][4]), ratio(found[0][6]), ratio(found[0][7])
-            assert unmerged > 0 and merged > 0 and measured == pytest.approx(unmerged / merged, rel=0.01)
+            assert unmerged > 0 and merged > 0
+            # every figure is printed to 2 decimals: the ratio of the printed times brackets the printed ratio
+            low, high = (unmerged - 0.005) / (merged + 0.005), (unmerged + 0.005) / max(merged - 0.005, 1e-9)
+            assert low - 0.005 <= measured <= high + 0.005, found[0]
             assert math.isfinite(predicted) and predicted > 0
         else:
             assert not found

@@ -162,11 +162,14 @@ def missing_node_reports(driver: Any) -> list[str]:
     text of each dialog that speaks of missing nodes, and, once the overlay's "View details" is
     clicked, of the errors panel's missing-node group.
     """
-    shown = poll(driver, "return document.querySelector('[data-testid=error-overlay-see-errors]') || "
-                 "document.querySelector('[role=dialog]')", SETTLE_S)
+    poll(driver, "return document.querySelector('[data-testid=error-overlay-see-errors]') || "
+         "document.querySelector('[role=dialog]')", SETTLE_S)
     reports = [text for text in open_dialogs(driver) if "missing" in text.lower() and "node" in text.lower()]
-    if shown and shown.get_attribute("data-testid") == "error-overlay-see-errors":
-        shown.click()
+    # Found and clicked in one script: the frontend re-renders the overlay while it settles, so an
+    # element handle kept from the poll can be stale by the click (StaleElementReferenceException).
+    clicked = driver.execute_script(
+        "const b = document.querySelector('[data-testid=error-overlay-see-errors]'); if (b) { b.click(); } return !!b")
+    if clicked:
         wait_for(driver, "return document.querySelector('[data-testid=errors-summary-hero]')", "the errors panel")
         reports += driver.execute_script(
             "return [...document.querySelectorAll('[data-testid=error-group-missing-node]')].map(g => g.innerText)")
