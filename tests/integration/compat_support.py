@@ -4,20 +4,20 @@ stand-ins for third-party packs' calling conventions).
 
 Import only once ComfyUI is importable (the ``toma`` fixture in conftest.py makes sure).
 Token counts are measured with an ``optimized_attention_override`` (``record_attention``), the
-per-run result is read from ToMA's one-line run summary (``run_lines``).
+per-run result is read from the record of ToMA's one-line run summary (``run_records``:
+nodes/report.py RunRecord, its fields rather than the line's wording).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from bench.harness.metrics import relative_error as rel  # noqa: F401 (the compat and family tests say rel)
 from bench.harness.pack import pack_module
 
 RUNTIME_LOGGER = "comfyui_toma_pack.nodes.wrappers"
@@ -81,32 +81,32 @@ def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4
     return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", pos, neg, latent, seed=0, disable_pbar=True, **kw)
 
 
-def run_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """ToMA's per-run summary lines captured so far."""
-    return [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.getMessage().startswith("ToMA [")]
+def run_records(caplog: pytest.LogCaptureFixture) -> list[Any]:
+    """The RunRecords (nodes/report.py) of ToMA's per-run summary lines captured so far, as logged
+    with each line; each is also checked to be what its line reads back as (report.parse_run_line)."""
+    report = pack_module("nodes.report")
+    records = []
+    for r in caplog.records:
+        if r.name == RUNTIME_LOGGER and hasattr(r, report.TOMA_RUN):
+            record = getattr(r, report.TOMA_RUN)
+            assert report.parse_run_line(r.getMessage()) == record, r.getMessage()
+            records.append(record)
+    return records
 
 
-def without_gain(line: str) -> str:
-    """A run line without its last part, the gain, measured or predicted (call times differ between runs)."""
-    return re.sub(r" \| merged calls .*$", "", line)
+def without_gain(run: Any) -> Any:
+    """A RunRecord without its gain, measured or predicted (call times differ between runs)."""
+    return dataclasses.replace(run, gain=None)
+
+
+def runs_for(reasons: dict[str, int], part: str) -> int:
+    """Calls or block runs (a RunRecord's unmerged_calls / unmerged_blocks) unmerged for a reason
+    whose text contains `part`."""
+    return sum(n for why, n in reasons.items() if part in why)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture, logger: str = RUNTIME_LOGGER) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno >= logging.WARNING]
-
-
-def count(pattern: str, line: str) -> int:
-    """The integer captured by `pattern` (one group) in `line`; 0 when it does not occur."""
-    match = re.search(pattern, line)
-    return int(match[1]) if match else 0
-
-
-def merged_block_runs(line: str) -> int:
-    return count(r"(\d+) block runs merged", line)
-
-
-def plans_built(line: str) -> int:
-    return count(r"(\d+) plans built", line)
 
 
 class CountingBackend:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from compat_support import patch, record_attention, rel, run_lines  # noqa: F401 (re-exported for the family tests)
-from bench.harness.pack import pack_module  # noqa: F401 (re-exported for the family tests)
+from bench.harness.metrics import relative_error as rel
+from compat_support import patch, record_attention, run_records
 
 
 def lengths_of(model: Any) -> tuple[Any, list[int]]:
@@ -103,11 +103,11 @@ def check_odd_size(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], po
     assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0), latent, pos, neg), baseline)
 
 
-def summary(caplog: Any) -> str:
-    """The last run's ToMA summary line."""
-    lines = run_lines(caplog)
-    assert lines
-    return lines[-1]
+def summary(caplog: Any) -> Any:
+    """The record (nodes/report.py RunRecord) of the last run's ToMA summary line."""
+    records = run_records(caplog)
+    assert records
+    return records[-1]
 
 
 def attention_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, **kw: Any) -> list[tuple[torch.Tensor, ...]]:

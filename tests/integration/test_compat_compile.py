@@ -23,7 +23,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, count, plans_built, rel, run_lines, warnings_of  # noqa: E402
+from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, run_records, warnings_of  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 3
@@ -82,8 +83,8 @@ def test_compiled_toma_equals_eager_and_reports_honestly(tiny_flux: Any, tiny: A
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     patched = toma.patch(with_sdpa(tiny_flux))
     (out,), _, _ = compiled_runs(patched, tiny)
-    line = run_lines(caplog)[-1]
-    assert "torch.compile: block runs are not counted" in line and "bypassed" not in line
+    run = run_records(caplog)[-1]
+    assert run.status == "compiled"  # block runs are not counted; a run has one status, so not "bypassed"
     assert not warnings_of(caplog)
     eager = tiny.sample(patched, FLUX_LATENT, steps=STEPS)
     assert rel(out, eager) < 1e-5
@@ -106,16 +107,16 @@ def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCap
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     windowed = toma.patch(model, end=0.5, **settings)
     outputs, graphs, breaks = compiled_runs(windowed, tiny, runs=2, latent=latent, steps=WINDOW_STEPS)
-    compiled_line = run_lines(caplog)[-1]
+    compiled_run = run_records(caplog)[-1]
     assert breaks == 0
-    assert graphs == [2 * plain, 0], compiled_line
-    assert 2 <= count(rf"merged (\d+)/{WINDOW_STEPS} steps", compiled_line) < WINDOW_STEPS
+    assert graphs == [2 * plain, 0], compiled_run
+    assert compiled_run.total_steps == WINDOW_STEPS and 2 <= compiled_run.steps_merged < WINDOW_STEPS
     eager = tiny.sample(windowed, latent, steps=WINDOW_STEPS)
-    eager_line = run_lines(caplog)[-1]
+    eager_run = run_records(caplog)[-1]
     assert all(rel(out, eager) < 1e-5 for out in outputs), "the compiled runs follow the window as the eager run does"
-    assert "torch.compile" not in eager_line
-    assert plans_built(compiled_line) == plans_built(eager_line) >= 2
-    assert "tokens (" in compiled_line and compiled_line.split(" | ")[0] == eager_line.split(" | ")[0]
+    assert eager_run.status != "compiled"
+    assert compiled_run.plans_built == eager_run.plans_built >= 2
+    assert compiled_run.tokens and (compiled_run.family, compiled_run.tokens) == (eager_run.family, eager_run.tokens)
 
 
 @pytest.mark.parametrize("budget", ["tile", "adaptive"])

@@ -20,13 +20,10 @@ from compat_support import (  # noqa: E402
     FLUX_TEXT,
     RUNTIME_LOGGER,
     Toma,
-    count,
-    merged_block_runs,
-    plans_built,
     record_attention,
-    rel,
-    run_lines,
+    run_records,
 )
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 
@@ -89,9 +86,9 @@ def test_skip_layer_guidance(slg: Any, extra_pass: set, tiny_flux: Any, tiny: An
         assert per_call == {1: 2 * (4 + 2)}
     else:
         assert {(b, n // 2) for b, n in per_call.items()} == extra_pass  # 2 steps
-    line = run_lines(logs)[-1]
-    assert merged_block_runs(line) == len(calls) and "unmerged: none" in line
-    assert plans_built(line) == 4  # a plan per batch composition and step: never reused across them
+    run = run_records(logs)[-1]
+    assert run.block_runs_merged == len(calls) and run.unmerged_calls == run.unmerged_blocks == {}
+    assert run.plans_built == 4  # a plan per batch composition and step: never reused across them
     assert torch.equal(tiny.sample(last, FLUX_LATENT, steps=2), out)
     assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=2)) > 1e-3
     assert rel(out, tiny.sample(slg(tiny_flux), FLUX_LATENT, steps=2)) > 1e-3
@@ -118,9 +115,9 @@ def test_pag(tiny_sdxl: Any, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixtu
     first, last = both_orders(toma, tiny_sdxl, pag)
     recorded, calls = record_attention(first)
     out = tiny.sample(recorded, UNET_LATENT, steps=2)
-    line = run_lines(logs)[-1]
-    assert count(r"(\d+) block runs attn1/attn2 replace patch present", line) == 2 * 2  # 2 steps x 2 depths
-    assert merged_block_runs(line) == 2 * 17 + 2 * 15  # cfg pass: all 17; PAG pass: all but middle
+    run = run_records(logs)[-1]
+    assert run.unmerged_blocks.get("attn1/attn2 replace patch present", 0) == 2 * 2  # 2 steps x 2 depths
+    assert run.block_runs_merged == 2 * 17 + 2 * 15  # cfg pass: all 17; PAG pass: all but middle
     assert (1, 16, CLIP_TEXT) in calls  # PAG pass: middle attn2 on all 16 tokens of the 4x4 level
     assert torch.equal(tiny.sample(last, UNET_LATENT, steps=2), out)
     assert rel(out, tiny.sample(toma.patch(tiny_sdxl), UNET_LATENT, steps=2)) > 1e-3
@@ -146,8 +143,8 @@ def test_sag_any_token_count(shape: tuple[int, ...], tiny_sdxl: Any, tiny: Any, 
     first, last = both_orders(toma, tiny_sdxl, sag)
     out = tiny.sample(first, shape, steps=2)
     assert maps and set(maps) == {middle}
-    line = run_lines(logs)[-1]
-    assert count(r"(\d+) block runs attn1/attn2 replace patch present", line) > 0 and merged_block_runs(line) > 0
+    run = run_records(logs)[-1]
+    assert run.unmerged_blocks.get("attn1/attn2 replace patch present", 0) > 0 and run.block_runs_merged > 0
     assert torch.isfinite(out).all()
     assert torch.equal(tiny.sample(last, shape, steps=2), out)
     assert rel(out, tiny.sample(toma.patch(tiny_sdxl), shape, steps=2)) > 1e-4
@@ -195,9 +192,10 @@ def test_perpneg_guider(family: str, tiny: Any, toma: Toma, logs: pytest.LogCapt
 
     recorded, calls = record_attention(toma.patch(model))
     out = run(recorded)
-    line = run_lines(logs)[-1]
+    record = run_records(logs)[-1]
     assert {batch for batch, _, _ in calls} == {3}
-    assert "merged 2/2 steps, 2/2 calls" in line and "unmerged: none" in line and merged_block_runs(line) > 0
+    assert (record.steps_merged, record.total_steps, record.calls_merged, record.total_calls) == (2, 2, 2, 2)
+    assert record.unmerged_calls == record.unmerged_blocks == {} and record.block_runs_merged > 0
     assert rel(out, run(model)) > 1e-3
 
 
@@ -277,9 +275,9 @@ def test_redux_style_tokens(strength_type: str, tiny_flux: Any, tiny: Any, toma:
         return tiny.sample(recorded, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=cfg), calls
 
     out, calls = sample(toma.patch(tiny_flux), 0.5)
-    line = run_lines(logs)[-1]
+    run = run_records(logs)[-1]
     assert {length for _, length, _ in calls} == {FLUX_TEXT + 16 + 32, FLUX_TEXT + 32}  # cond with Redux, uncond
-    assert "unmerged: none" in line and merged_block_runs(line) == len(calls)
+    assert run.unmerged_calls == run.unmerged_blocks == {} and run.block_runs_merged == len(calls)
     without_redux = tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, positive=plain_pos, negative=neg, steps=2)
     assert rel(out, without_redux) > 1e-3
     assert rel(out, sample(tiny_flux, 0.5)[0]) > 1e-3

@@ -44,7 +44,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bench.harness import comfy_env, third_party as tp  # noqa: E402
-from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, merged_block_runs, rel, run_lines  # noqa: E402
+from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, run_records, runs_for  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 FLUX_BLOCKS = 4
@@ -90,9 +91,9 @@ def in_both_orders(pack: Any, toma: Toma, model: Any, **toma_kwargs: Any) -> dic
     return {"pack_first": toma.patch(pack(model), **toma_kwargs), "toma_first": pack(toma.patch(model, **toma_kwargs))}
 
 
-def computed_steps(line: str, blocks: int = FLUX_BLOCKS) -> float:
-    """Model calls that ran the blocks, from ToMA's count of merged block runs."""
-    return merged_block_runs(line) / blocks
+def computed_steps(run: Any, blocks: int = FLUX_BLOCKS) -> float:
+    """Model calls that ran the blocks, from ToMA's count of merged block runs (`run`: a RunRecord)."""
+    return run.block_runs_merged / blocks
 
 
 # --- TeaCache, MagCache ----------------------------------------------------------------------
@@ -118,11 +119,11 @@ def test_step_cache_pack(cache: str, order: str, tiny_flux: Any, tiny: Any, toma
         pack = {"TeaCache": teacache, "MagCache": magcache}[cache]
         model = in_both_orders(pack, toma, tiny_flux)[order]
         out = tiny.sample(model, FLUX_LATENT, steps=STEPS)
-        line = run_lines(logs)[-1]
-        ran = computed_steps(line)
-        assert 0 < ran < STEPS and ran == int(ran), line  # ToMA merged every block of the steps that ran
-        assert f"merged {ran:.0f}/{STEPS} steps" in line, line
-        assert f"{STEPS - ran:.0f} calls with no block run" in line, line  # the steps the cache skipped
+        run = run_records(logs)[-1]
+        ran = computed_steps(run)
+        assert 0 < ran < STEPS and ran == int(ran), run  # ToMA merged every block of the steps that ran
+        assert (run.steps_merged, run.total_steps) == (ran, STEPS), run
+        assert runs_for(run.unmerged_calls, "with no block run") == STEPS - ran, run  # the steps the cache skipped
         assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # the cache acted
         assert rel(out, tiny.sample(pack(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # ToMA acted
 
@@ -149,10 +150,10 @@ def test_step_cache_pack_on_wan(cache: str, order: str, tiny: Any, toma: Toma, l
         cond = tiny_wan.conditioning(model, 1, latent)
         steps, blocks = 6, 3
         tiny.sample(in_both_orders(wan_cache(cache), toma, model)[order], latent, steps=steps, positive=cond, negative=cond, cfg=1.0)
-        line = run_lines(logs)[-1]
-        ran = merged_block_runs(line) / blocks
-        assert 0 < ran <= steps and ran == int(ran), line
-        assert f"merged {ran:.0f}/{steps} steps" in line, line
+        run = run_records(logs)[-1]
+        ran = run.block_runs_merged / blocks
+        assert 0 < ran <= steps and ran == int(ran), run
+        assert (run.steps_merged, run.total_steps) == (ran, steps), run
 
 
 # --- WaveSpeed first-block cache -------------------------------------------------------------
@@ -201,7 +202,7 @@ def test_wavespeed_first_block_cache(order: str, fbcache: tuple, tiny_flux: Any,
         alone_hits = counter.hits
         counter.decisions.clear()
         out = tiny.sample(in_both_orders(apply, toma, tiny_flux)[order], FLUX_LATENT, steps=STEPS)
-        hits, line = counter.hits, run_lines(logs)[-1]
+        hits, run = counter.hits, run_records(logs)[-1]
         log_hits = {"alone": alone_hits, "toma": hits}
         counter.decisions.clear()
         tiny.sample(in_both_orders(apply, toma, tiny_flux, blocks="double:1,single:0-1")[order], FLUX_LATENT, steps=STEPS)
@@ -210,7 +211,7 @@ def test_wavespeed_first_block_cache(order: str, fbcache: tuple, tiny_flux: Any,
 
         assert 0 < alone_hits < STEPS and 0 < hits < STEPS, log_hits  # the cache hits with ToMA too
         # a hit runs block 0 only (through ToMA's hook, merged); a miss runs every block
-        assert merged_block_runs(line) == FLUX_BLOCKS * (STEPS - hits) + hits, line
+        assert run.block_runs_merged == FLUX_BLOCKS * (STEPS - hits) + hits, run
         assert rel(out, tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=STEPS)) > 1e-3  # the cache acted
         assert rel(out, alone) > 1e-3  # ToMA acted
 
@@ -247,9 +248,9 @@ def test_kjnodes_compiled_blocks(node: str, order: str, comfy: Path, tiny_flux: 
     backend = CountingBackend()
     model = in_both_orders(lambda m: kjnodes_compile(node, m, backend, comfy), toma, tiny_flux)[order]
     out = tiny.sample(model, FLUX_LATENT, steps=2)
-    line = run_lines(logs)[-1]
+    run = run_records(logs)[-1]
     assert backend.graphs > 0  # the pack compiled the blocks
-    assert merged_block_runs(line) == 2 * FLUX_BLOCKS and "unmerged: none" in line, line
+    assert run.block_runs_merged == 2 * FLUX_BLOCKS and run.unmerged_calls == run.unmerged_blocks == {}, run
     eager = tiny.sample(toma.patch(tiny_flux), FLUX_LATENT, steps=2)
     assert rel(out, eager) < 1e-5  # the same merged computation, compiled
     assert rel(out, tiny.sample(tiny_flux, FLUX_LATENT, steps=2)) > 1e-3  # ToMA acted
@@ -288,8 +289,8 @@ def test_gguf_q8_0_flux(gguf_flux: Any, tiny: Any, toma: Toma, logs: pytest.LogC
     positive = tiny.make_conditioning(gguf_flux, 1234, text_len=32)
     kw = {"steps": 2, "cfg": 1.0, "positive": positive, "negative": positive}
     out = tiny.sample(toma.patch(gguf_flux), FLUX_LATENT, **kw)
-    line = run_lines(logs)[-1]
-    assert "64->32 tokens (8x8)" in line and merged_block_runs(line) == 2 * 2, line
+    run = run_records(logs)[-1]
+    assert run.tokens.get((8, 8)) == (64, 32) and run.block_runs_merged == 2 * 2, run
     assert torch.isfinite(out).all()
     assert rel(out, tiny.sample(gguf_flux, FLUX_LATENT, **kw)) > 1e-3  # ToMA acted on the GGUF model
 
@@ -420,8 +421,8 @@ def test_pulid_ll_then_toma(masked: bool, pulid_ll: tuple, tiny: Any, toma: Toma
         dit = pulid.model_options["transformer_options"]["patches_replace"]["dit"]
         assert len(dit) == 10 + 10  # PuLID's own patch loop: every 2nd double, every 4th single block
         out = tiny.sample(toma.patch(pulid), FLUX_LATENT, steps=2)
-        line = run_lines(logs)[-1]
-        assert merged_block_runs(line) == 2 * (19 + 38) and "unmerged: none" in line, line
+        run = run_records(logs)[-1]
+        assert run.block_runs_merged == 2 * (19 + 38) and run.unmerged_calls == run.unmerged_blocks == {}, run
         assert rel(out, tiny.sample(toma.patch(model), FLUX_LATENT, steps=2)) > 1e-3  # PuLID acted
         assert rel(out, tiny.sample(pulid, FLUX_LATENT, steps=2)) > 1e-3  # ToMA acted
         again = toma.patch(toma.patch(pulid, ratio=0.25))  # re-applying ToMA keeps PuLID outermost
@@ -445,4 +446,4 @@ def test_toma_then_pulid_ll(pulid_ll: tuple, tiny: Any, toma: Toma, logs: pytest
         assert Path(where).parent.name == tp.PULID_LL, f"failed outside PuLID-ll's code: {where}: {exc}"
         pytest.xfail(f"PuLID-ll after ToMA fails in its own code ({Path(where).name}: {exc}); place PuLID before ToMA")
     tiny.sample(patched, FLUX_LATENT, steps=2)
-    assert merged_block_runs(run_lines(logs)[-1]) == 2 * (19 + 38)
+    assert run_records(logs)[-1].block_runs_merged == 2 * (19 + 38)

@@ -21,7 +21,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
+from compat_support import patch  # noqa: E402
 from bench.harness import tiny_dits  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 
 LATENT = (1, 128, 8, 8)
 """An 8 x 8 token grid (patch 1): N = 64, D = 32 at ratio 0.5 with tile 4."""
@@ -119,10 +121,10 @@ def test_every_block_runs_on_merged_tokens(flux2: Any, tiny: Any, toma: Any, met
     refs = 0 if method is None else REFS
     plain, merged, base, out = fc.merged_lengths(tiny, toma, flux2, LATENT, pos, neg, cfg=1.0)
     assert plain == [TEXT + 64 + refs] * 4 and merged == [TEXT + 32 + refs] * 4
-    assert fc.rel(out, base) > 1e-3
-    line = fc.summary(caplog)
-    assert "4 transformer blocks selected (double:0-1,single:0-1), 4 block runs merged" in line, line
-    assert "unmerged: none" in line and "64->32 tokens (8x8)" in line, line
+    assert rel(out, base) > 1e-3
+    run = fc.summary(caplog)
+    assert (run.blocks_selected, run.blocks, run.block_runs_merged) == (4, "double:0-1,single:0-1", 4), run
+    assert run.unmerged_calls == run.unmerged_blocks == {} and run.tokens.get((8, 8)) == (64, 32), run
 
 
 def test_listed_blocks_alone_merge(flux2: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -130,8 +132,8 @@ def test_listed_blocks_alone_merge(flux2: Any, tiny: Any, toma: Any, caplog: pyt
     plain, merged, _, _ = fc.merged_lengths(tiny, toma, flux2, LATENT, *flux2_conditioning("index"), cfg=1.0, blocks="double:1,single:0")
     full, short = TEXT + 64 + REFS, TEXT + 32 + REFS
     assert merged == [full, short, short, full]
-    line = fc.summary(caplog)
-    assert "2 transformer blocks selected (double:1,single:0), 2 block runs merged" in line, line
+    run = fc.summary(caplog)
+    assert (run.blocks_selected, run.blocks, run.block_runs_merged) == (2, "double:1,single:0", 2), run
 
 
 @pytest.mark.parametrize("blocks, message", [
@@ -140,7 +142,7 @@ def test_listed_blocks_alone_merge(flux2: Any, tiny: Any, toma: Any, caplog: pyt
 ])
 def test_blocks_out_of_range_are_refused(flux2: Any, toma: Any, blocks: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        fc.patch(toma, flux2, blocks=blocks)
+        patch(toma, flux2, blocks=blocks)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -167,11 +169,11 @@ def test_klein_blocks_on_the_meta_device(tiny: Any, toma: Any, size: str) -> Non
     cpu = torch.device("cpu")
     patcher = comfy.model_patcher.ModelPatcher(model_config.get_model({}, device=torch.device("meta")), load_device=cpu, offload_device=cpu)
     double, single = KLEIN[size]["depth"], KLEIN[size]["depth_single_blocks"]
-    fc.patch(toma, patcher, blocks=f"double:{double - 1},single:{single - 1}")
+    patch(toma, patcher, blocks=f"double:{double - 1},single:{single - 1}")
     with pytest.raises(ValueError, match=f"this model's double blocks 0-{double - 1}"):
-        fc.patch(toma, patcher, blocks=f"double:{double}")
+        patch(toma, patcher, blocks=f"double:{double}")
     with pytest.raises(ValueError, match=f"this model's single blocks 0-{single - 1}"):
-        fc.patch(toma, patcher, blocks=f"single:{single}")
+        patch(toma, patcher, blocks=f"single:{single}")
 
 
 def test_longcat_ratio_zero_is_bit_identical(longcat: Any, tiny: Any, toma: Any) -> None:

@@ -21,7 +21,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
+from compat_support import patch, record_attention, runs_for  # noqa: E402
 from bench.harness import tiny_dits  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
+from bench.harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 16, 3, 16, 16)
 """3 frames of an 8 x 8 token grid: N = 192, D = 96 at ratio 0.5 with tile 4."""
@@ -107,9 +110,9 @@ def test_every_block_runs_on_merged_tokens(hunyuan: Any, tiny: Any, toma: Any, c
     caplog.set_level("INFO")
     plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, *conds)
     assert plain == REFINER + [192 + TEXT] * 4 and merged == REFINER + [96 + TEXT] * 4
-    assert fc.rel(out, base) > 1e-3
-    line = fc.summary(caplog)
-    assert "4 block runs merged" in line and "192->96 tokens (8x8)" in line
+    assert rel(out, base) > 1e-3
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 4 and run.tokens.get((8, 8)) == (192, 96)
 
 
 def test_text_rows_reach_the_double_blocks_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -147,10 +150,10 @@ def test_unplaceable_sequence_runs_unmerged(hunyuan: Any, tiny: Any, toma: Any, 
         return clone
 
     base = fc.sample(tiny, with_rotation(hunyuan), LATENT, *conds, steps=1)
-    out = fc.sample(tiny, with_rotation(fc.patch(toma, hunyuan, blocks=blocks)), LATENT, *conds, steps=1)
+    out = fc.sample(tiny, with_rotation(patch(toma, hunyuan, blocks=blocks)), LATENT, *conds, steps=1)
     assert torch.equal(out, base)
-    line = fc.summary(caplog)
-    assert "0 block runs merged" in line and "neither before nor after the image tokens" in line
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 0 and runs_for(run.unmerged_blocks, "neither before nor after the image tokens") > 0
 
 
 def test_frame_zero_merges_alone_and_later_frames_in_pairs(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +164,7 @@ def test_frame_zero_merges_alone_and_later_frames_in_pairs(hunyuan: Any, tiny: A
     plans: list[Any] = []
     original = joint.make_video_plan
     monkeypatch.setattr(joint, "make_video_plan", lambda *a, **k: plans.append((a[1], original(*a, **k))) or plans[-1][1])
-    fc.sample(tiny, fc.patch(toma, hunyuan, blocks="all", tile_frames=2), LATENT, *conds, steps=1)
+    fc.sample(tiny, patch(toma, hunyuan, blocks="all", tile_frames=2), LATENT, *conds, steps=1)
     segments, plan = plans[0]
     assert [(s.frames, s.merge, s.tile_frames) for s in segments] == [(1, True, 1), (2, True, 2)]
     frame = torch.arange(3).repeat_interleave(64)
@@ -181,9 +184,9 @@ def test_in_place_single_blocks_keep_their_change(hunyuan: Any, tiny: Any, toma:
     for i in range(2):
         skipped.set_model_patch_replace(lambda args, extra: {"img": args["img"]}, "dit", "single_block", i)
     base = fc.sample(tiny, hunyuan, LATENT, *conds, steps=1)
-    merged = fc.sample(tiny, fc.patch(toma, hunyuan, ratio=0.25, blocks="single:0-1"), LATENT, *conds, steps=1)
+    merged = fc.sample(tiny, patch(toma, hunyuan, ratio=0.25, blocks="single:0-1"), LATENT, *conds, steps=1)
     nothing = fc.sample(tiny, skipped, LATENT, *conds, steps=1)
-    assert fc.rel(merged, base) < 0.5 * fc.rel(nothing, base)
+    assert rel(merged, base) < 0.5 * rel(nothing, base)
 
 
 def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any) -> None:
@@ -195,9 +198,9 @@ def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any) 
     pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, attention_mask=mask)
     neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT)
     base = fc.sample(tiny, hunyuan, LATENT, pos, neg, cfg=1.0)
-    assert torch.equal(fc.sample(tiny, fc.patch(toma, hunyuan, ratio=0.0, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
-    plain, plain_masks = fc.record_attention(hunyuan, lambda b, q, k, m: m)
-    recorded, masks = fc.record_attention(fc.patch(toma, hunyuan, blocks="all"), lambda b, q, k, m: m)
+    assert torch.equal(fc.sample(tiny, patch(toma, hunyuan, ratio=0.0, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
+    plain, plain_masks = record_attention(hunyuan, lambda b, q, k, m: m)
+    recorded, masks = record_attention(patch(toma, hunyuan, blocks="all"), lambda b, q, k, m: m)
     fc.sample(tiny, plain, LATENT, pos, neg, cfg=1.0, steps=1)
     out = fc.sample(tiny, recorded, LATENT, pos, neg, cfg=1.0, steps=1)
     assert [m.shape[-1] for m in masks[len(REFINER):]] == [96 + TEXT] * 4
@@ -206,7 +209,7 @@ def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any) 
         for p_start, m_start, count in kept:
             assert torch.equal(after[..., m_start:m_start + count], before[..., p_start:p_start + count])
             assert bool((after[..., m_start + 9:m_start + count] < 0).all())
-    assert fc.rel(out, base) > 1e-3
+    assert rel(out, base) > 1e-3
 
 
 @pytest.mark.parametrize("blocks", ["double:0-1", "single:0-1"])
@@ -222,7 +225,7 @@ def test_reference_latent_tokens_pass_through(hunyuan: Any, tiny: Any, toma: Any
     double, full, short = blocks.startswith("double"), 64 + 192 + TEXT, 64 + 96 + TEXT
     assert plain == REFINER + [full] * 4
     assert merged == REFINER + ([short] * 2 + [full] * 2 if double else [full] * 2 + [short] * 2)
-    assert fc.rel(out, base) > 1e-3
+    assert rel(out, base) > 1e-3
     model = hunyuan if double else without_double_blocks(hunyuan)
     other = [[pos[0][0], dict(pos[0][1], ref_latent=torch.randn(ref.shape, generator=torch.Generator().manual_seed(5)))]]
     refs = rows_that_depend(tiny, model, LATENT, pos, other, neg)
@@ -247,9 +250,9 @@ def test_token_replace_guidance_merges_frame_zero_apart(hunyuan: Any, tiny: Any,
     fc.check_ratio_zero(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
     plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
     assert merged == [GUIDED] * 2 + [96 + GUIDED] * 4
-    assert fc.rel(out, base) > 1e-3
-    line = fc.summary(caplog)
-    assert "4 block runs merged" in line and "unmerged: none" in line
+    assert rel(out, base) > 1e-3
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 4 and run.unmerged_calls == run.unmerged_blocks == {}
     model = without_double_blocks(hunyuan)
     rows = text_rows(tiny, model, LATENT, pos, neg, GUIDED)
     fc.check_passthrough_rows(tiny, toma, model, LATENT, pos, neg, kept_spans(rows), 96, blocks="single:0-1")
@@ -268,17 +271,17 @@ def test_token_replace_boundary_inside_frame_zero(hunyuan: Any, tiny: Any, toma:
     plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, pos, neg, cfg=1.0)
     single = 192 + TEXT if text_first else 96 + TEXT
     assert merged == REFINER + [96 + TEXT] * 2 + [single] * 2
-    line = fc.summary(caplog)
+    run = fc.summary(caplog)
     if text_first:
-        assert "2 block runs merged" in line and "modulation boundary 64 inside a merged frame segment" in line
+        assert run.block_runs_merged == 2 and runs_for(run.unmerged_blocks, "modulation boundary 64 inside a merged frame segment") > 0
     else:
-        assert "4 block runs merged" in line and "unmerged: none" in line
+        assert run.block_runs_merged == 4 and run.unmerged_calls == run.unmerged_blocks == {}
 
 
 def test_modulation_spans_follow_the_merge(toma: Any) -> None:
     """Boundaries at segment ends move to the merged counts; one inside a segment is refused."""
-    hunyuan_video = fc.pack_module("nodes.families.hunyuan_video")
-    video = fc.pack_module("toma_core.video")
+    hunyuan_video = pack_module("nodes.families.hunyuan_video")
+    video = pack_module("toma_core.video")
     segments = [video.Segment(1), video.Segment(2, tile_frames=2)]
     plan = video.make_video_plan(torch.randn(1, 3 * 64, 8), segments, 8, 8, 0.5, 4)
     d0, d = plan.parts[0].num_kept, plan.num_kept
@@ -296,7 +299,7 @@ def test_hunyuan_image_2_1(tiny: Any, toma: Any) -> None:
     fc.check_ratio_zero(tiny, toma, model, (1, 64, 8, 8), pos, neg)
     plain, merged, base, out = fc.merged_lengths(tiny, toma, model, (1, 64, 8, 8), pos, neg)
     assert plain == REFINER + [64 + TEXT] * 4 and merged == REFINER + [32 + TEXT] * 4
-    assert fc.rel(out, base) > 1e-3
+    assert rel(out, base) > 1e-3
     rows = text_rows(tiny, model, (1, 64, 8, 8), pos, neg, TEXT)
     fc.check_passthrough_rows(tiny, toma, model, (1, 64, 8, 8), pos, neg, kept_spans(rows), 32)
     fc.check_clone_untouched(tiny, toma, model, (1, 64, 8, 8), pos, neg)
@@ -332,7 +335,7 @@ def test_hunyuan_video_1_5(hunyuan15: Any, tiny: Any, toma: Any, blocks: str) ->
     double, full, short = blocks.startswith("double"), 192 + TEXT15, 96 + TEXT15
     assert plain == REFINER + [full] * 4
     assert merged == REFINER + ([short] * 2 + [full] * 2 if double else [full] * 2 + [short] * 2)
-    assert fc.rel(out, base) > 1e-3
+    assert rel(out, base) > 1e-3
     model = hunyuan15 if double else without_double_blocks(hunyuan15)
     rows = text_rows(tiny, model, LATENT15, pos, neg, TEXT15)
     fc.check_passthrough_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks=blocks)

@@ -20,7 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
+from compat_support import patch, record_attention  # noqa: E402
 from bench.harness import tiny_dits  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 
 VIDEO = (1, 16, 5, 16, 16)
 """5 latent frames of an 8 x 8 token grid (patch 1 x 2 x 2): N = 320."""
@@ -65,8 +67,8 @@ def attention_lengths(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...],
     """(query, key) lengths of every attention call of a 1-step, cfg-1 run (patched with `settings`
     when given)."""
     pos, neg = conditioning()
-    target = fc.patch(toma, model, **({"tile_size": 4} | settings)) if settings else model
-    recorder, calls = fc.record_attention(target, lambda batch, q, k, mask: (q, k))
+    target = patch(toma, model, **({"tile_size": 4} | settings)) if settings else model
+    recorder, calls = record_attention(target, lambda batch, q, k, mask: (q, k))
     fc.sample(tiny, recorder, latent, pos, neg, steps=1, cfg=1.0)
     return calls
 
@@ -91,8 +93,8 @@ def test_visual_self_attention_runs_on_merged_tokens_and_text_never_merges(
     assert plain == [(TEXT, TEXT)] + [(n, n), (n, TEXT)] * VISUAL_BLOCKS
     assert merged == [(TEXT, TEXT)] + [(d, d), (d, TEXT)] * VISUAL_BLOCKS
     assert d < n
-    line = fc.summary(caplog)
-    assert f"3 transformer blocks selected (blocks:0-2), {VISUAL_BLOCKS} block runs merged" in line, line
+    run = fc.summary(caplog)
+    assert (run.blocks_selected, run.blocks, run.block_runs_merged) == (3, "blocks:0-2", VISUAL_BLOCKS), run
 
 
 def test_text_reaches_every_attention_exactly(video: Any, tiny: Any, toma: Any) -> None:
@@ -100,7 +102,7 @@ def test_text_reaches_every_attention_exactly(video: Any, tiny: Any, toma: Any) 
     text) are exactly as unpatched; only the visual queries and the visual self-attention shrink."""
     pos, neg = conditioning()
     plain = fc.attention_inputs(tiny, video, VIDEO, pos, neg)
-    merged = fc.attention_inputs(tiny, fc.patch(toma, video, ratio=0.5, tile_size=4, blocks="all"), VIDEO, pos, neg)
+    merged = fc.attention_inputs(tiny, patch(toma, video, ratio=0.5, tile_size=4, blocks="all"), VIDEO, pos, neg)
     assert len(plain) == len(merged) == 1 + 2 * VISUAL_BLOCKS
     for p, m in zip(plain[0], merged[0]):
         assert torch.equal(p, m)
@@ -126,7 +128,7 @@ def test_frame_zero_merges_with_no_other_frame(video: Any, tiny: Any, toma: Any,
     merges within itself: merging an indicator of frame 0 gives 0 or 1 in every merged token."""
     plans = record_plans(monkeypatch, toma)
     pos, neg = conditioning()
-    fc.sample(tiny, fc.patch(toma, video, tile_size=4, tile_frames=tile_frames), VIDEO, pos, neg)
+    fc.sample(tiny, patch(toma, video, tile_size=4, tile_frames=tile_frames), VIDEO, pos, neg)
     assert plans
     for plan in plans:
         indicator = torch.zeros(plan.batch, 5 * 64, 1)
@@ -171,11 +173,11 @@ def test_another_packs_block_patch_runs_on_merged_tokens(video: Any, tiny: Any, 
     clone.add_object_patch("diffusion_model.visual_transformer_blocks.1.forward", foreign)
     pos, neg = conditioning()
     plain = fc.sample(tiny, video, VIDEO, pos, neg, steps=1)
-    out = fc.sample(tiny, fc.patch(toma, clone, tile_size=4), VIDEO, pos, neg, steps=1)
+    out = fc.sample(tiny, patch(toma, clone, tile_size=4), VIDEO, pos, neg, steps=1)
     assert seen and set(seen) == {kept_tokens(toma, 5)}
-    assert torch.isfinite(out).all() and fc.rel(out, plain) > 1e-4
+    assert torch.isfinite(out).all() and rel(out, plain) > 1e-4
     seen.clear()
-    assert torch.equal(fc.sample(tiny, fc.patch(toma, clone, ratio=0.0), VIDEO, pos, neg, steps=1), plain)
+    assert torch.equal(fc.sample(tiny, patch(toma, clone, ratio=0.0), VIDEO, pos, neg, steps=1), plain)
     assert seen and set(seen) == {320}
 
     replaced = video.clone()
@@ -192,7 +194,7 @@ def test_another_packs_block_patch_runs_on_merged_tokens(video: Any, tiny: Any, 
 ])
 def test_bad_settings_are_refused_with_the_fix(video: Any, toma: Any, settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        fc.patch(toma, video, **settings)
+        patch(toma, video, **settings)
 
 
 @pytest.mark.parametrize("name, visual_blocks", [("Video Lite", 32), ("Image Lite", 50), ("Video Pro", 60)])
@@ -207,9 +209,9 @@ def test_real_block_counts_on_the_meta_device(tiny: Any, toma: Any, name: str, v
     model = tiny.model_config(cls, config).get_model({}, device=torch.device("meta"))
     cpu = torch.device("cpu")
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
-    fc.patch(toma, patcher, blocks=f"blocks:5-{visual_blocks - 1}")
+    patch(toma, patcher, blocks=f"blocks:5-{visual_blocks - 1}")
     with pytest.raises(ValueError, match=f"this model's blocks 0-{visual_blocks - 1}"):
-        fc.patch(toma, patcher, blocks=f"blocks:{visual_blocks}")
+        patch(toma, patcher, blocks=f"blocks:{visual_blocks}")
 
 
 def test_real_size_cost_profile_counts_the_visual_blocks(tiny: Any, toma: Any) -> None:

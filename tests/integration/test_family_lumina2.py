@@ -17,7 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
+from compat_support import patch  # noqa: E402
 from bench.harness import tiny_dits  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 from bench.harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 16, 16, 16)
@@ -46,8 +48,8 @@ def test_every_layer_runs_on_merged_tokens(lumina: Any, tiny: Any, toma: Any, co
     plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, *conds)
     assert plain == REFINER + [TEXT + 64] * 3
     assert merged == REFINER + [TEXT + 32] * 3
-    assert fc.rel(out, base) > 1e-3
-    assert "3 block runs merged" in fc.summary(caplog)
+    assert rel(out, base) > 1e-3
+    assert fc.summary(caplog).block_runs_merged == 3
 
 
 def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, toma: Any) -> None:
@@ -62,7 +64,7 @@ def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, 
     layers = set(plain) - set(REFINER)  # the refiner sees the padded caption
     assert layers in ({9 + 64, TEXT + 64}, {TEXT + 64})
     assert set(merged) == set(REFINER) | {length - 32 for length in layers}
-    assert fc.rel(out, base) > 1e-3
+    assert rel(out, base) > 1e-3
 
 
 def test_caption_rows_pass_through_and_image_rows_merge(lumina: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -99,9 +101,9 @@ def test_batch_of_different_caption_lengths_merges_where_the_layout_is_shared(lu
     latent = (2, *LATENT[1:])
     assert layer_masks(tiny, lumina, latent, pos, pos) == [None]
     caplog.set_level("INFO")
-    fc.sample(tiny, fc.patch(toma, lumina, blocks="all"), latent, pos, pos, steps=1, cfg=1.0)
-    line = fc.summary(caplog)
-    assert "3 block runs merged" in line and "unmerged: none" in line
+    fc.sample(tiny, patch(toma, lumina, blocks="all"), latent, pos, pos, steps=1, cfg=1.0)
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 3 and run.unmerged_calls == run.unmerged_blocks == {}
 
 
 def test_unpatched_model_unchanged(lumina: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -119,7 +121,7 @@ def test_odd_sizes(lumina: Any, tiny: Any, toma: Any, conds: tuple, shape: tuple
 
 
 def test_reapplying_replaces_and_selects_layers(lumina: Any, tiny: Any, toma: Any, conds: tuple) -> None:
-    twice = fc.patch(toma, fc.patch(toma, lumina, blocks="all"), blocks="layers:1")
+    twice = patch(toma, patch(toma, lumina, blocks="all"), blocks="layers:1")
     assert sorted(twice.object_patches) == ["diffusion_model.layers.1.forward"]
     merged, lengths = fc.lengths_of(twice)
     fc.sample(tiny, merged, LATENT, *conds, steps=1)
@@ -140,11 +142,11 @@ def test_another_packs_layer_patch_runs_on_merged_tokens(lumina: Any, tiny: Any,
     patched.add_object_patch("diffusion_model.layers.1.forward", foreign)
     base = fc.sample(tiny, patched, LATENT, *conds, steps=1)
     assert seen == [TEXT + 64]
-    twice = fc.patch(toma, fc.patch(toma, patched, blocks="all"), blocks="all")
+    twice = patch(toma, patch(toma, patched, blocks="all"), blocks="all")
     assert getattr(twice.object_patches["diffusion_model.layers.1.forward"], "toma_foreign") is foreign
     fc.sample(tiny, twice, LATENT, *conds, steps=1)
     assert seen[1:] == [TEXT + 32]
-    zero = fc.patch(toma, patched, ratio=0.0, blocks="all")
+    zero = patch(toma, patched, ratio=0.0, blocks="all")
     assert torch.equal(fc.sample(tiny, zero, LATENT, *conds, steps=1), base)
 
 
@@ -186,7 +188,7 @@ def test_zimage_is_a_lumina2_model_patched_by_the_lumina2_adapter(zimage: Any, t
 
     assert type(zimage.model) is comfy.model_base.Lumina2
     assert zimage.model.diffusion_model.pad_tokens_multiple == PAD
-    assert sorted(fc.patch(toma, zimage, blocks="all").object_patches) == [f"diffusion_model.layers.{i}.forward" for i in range(3)]
+    assert sorted(patch(toma, zimage, blocks="all").object_patches) == [f"diffusion_model.layers.{i}.forward" for i in range(3)]
 
 
 @pytest.mark.parametrize("shape", [ZLATENT, (1, 16, 16, 16), (1, 16, 17, 23), (1, 16, 2, 30)])
@@ -201,8 +203,8 @@ def test_zimage_layers_run_on_merged_tokens(zimage: Any, tiny: Any, toma: Any, c
     refiners = [padded(TEXT), padded(144)]
     assert plain == refiners + [padded(TEXT) + padded(144)] * 3
     assert merged == refiners + [padded(TEXT) + 72 + 16] * 3
-    assert fc.rel(out, base) > 1e-3
-    assert "3 block runs merged" in fc.summary(caplog)
+    assert rel(out, base) > 1e-3
+    assert fc.summary(caplog).block_runs_merged == 3
 
 
 def test_zimage_caption_and_pad_rows_pass_through(zimage: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -242,9 +244,9 @@ def test_zimage_omni_merges_only_the_image(zimage_omni: Any, tiny: Any, toma: An
     caplog.set_level("INFO")
     plain, merged, base, out = fc.merged_lengths(tiny, toma, zimage_omni, ZLATENT, pos, neg)
     assert OMNI_PREFIX + padded(144) in plain and OMNI_PREFIX + 72 + 16 in merged
-    assert fc.rel(out, base) > 1e-3
-    line = fc.summary(caplog)
-    assert "6 block runs merged" in line and "unmerged: none" in line
+    assert rel(out, base) > 1e-3
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 6 and run.unmerged_calls == run.unmerged_blocks == {}
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +265,7 @@ def test_zimage_pixel_space_merges_only_the_image(zimage_pixel: Any, tiny: Any, 
     fc.check_passthrough_rows(tiny, toma, zimage_pixel, latent, *conds, kept=zimage_rows(padded(TEXT), 16), merged_tokens=72)
     caplog.set_level("INFO")
     fc.merged_lengths(tiny, toma, zimage_pixel, latent, *conds)
-    assert "3 block runs merged" in fc.summary(caplog)
+    assert fc.summary(caplog).block_runs_merged == 3
 
 
 def lumina2_module(toma: Any) -> Any:

@@ -16,7 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
+from compat_support import patch, runs_for  # noqa: E402
 from bench.harness import tiny_dits  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
+from bench.harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 16, 1, 16, 16)
 """An 8 x 8 token grid (Qwen-Image latents are 5-D with one frame)."""
@@ -67,8 +70,8 @@ def test_every_block_runs_on_merged_tokens(qwen: Any, tiny: Any, toma: Any, cond
     caplog.set_level("INFO")
     plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, *conds)
     assert plain == [TEXT + 64] * 3 and merged == [TEXT + 32] * 3
-    assert fc.rel(out, base) > 1e-3
-    assert "3 block runs merged" in fc.summary(caplog)
+    assert rel(out, base) > 1e-3
+    assert fc.summary(caplog).block_runs_merged == 3
 
 
 def test_unpatched_model_unchanged(qwen: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -94,7 +97,7 @@ def test_edit_reference_tokens_pass_through(qwen: Any, tiny: Any, toma: Any) -> 
     plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, pos, neg)
     assert sorted(set(plain)) == [TEXT + 64, TEXT + 64 + 30]
     assert sorted(set(merged)) == [TEXT + 32, TEXT + 32 + 30]
-    assert fc.rel(out, base) > 1e-3
+    assert rel(out, base) > 1e-3
 
 
 def test_merged_tokens_take_their_destinations_rope_rows(qwen: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -114,7 +117,7 @@ def test_merged_tokens_take_their_destinations_rope_rows(qwen: Any, tiny: Any, t
 
     merged: list = []
     full: list = []
-    fc.sample(tiny, fc.patch(toma, spying(qwen, merged), blocks="double:1", tile_size=4), LATENT, *conds, steps=1)
+    fc.sample(tiny, patch(toma, spying(qwen, merged), blocks="double:1", tile_size=4), LATENT, *conds, steps=1)
     fc.sample(tiny, spying(qwen, full), LATENT, *conds, steps=1)
     (pe, tokens), (pe_full, _) = merged[0], full[0]
     axis = token_axis(pe_full, TEXT + 64)
@@ -163,8 +166,8 @@ def test_timestep_zero_references_keep_their_modulation(qwen: Any, tiny: Any, to
     caplog.set_level("INFO")
     plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, pos, neg)
     assert sorted(set(merged)) == [TEXT + 32, TEXT + 32 + 30]
-    assert fc.rel(out, base) > 1e-3
-    assert "6 block runs merged" in fc.summary(caplog)
+    assert rel(out, base) > 1e-3
+    assert fc.summary(caplog).block_runs_merged == 6
 
 
 def shifted_zero_index(model: Any) -> Any:
@@ -191,10 +194,10 @@ def test_timestep_zero_index_inside_the_image_runs_unmerged(qwen: Any, tiny: Any
     pos, neg = timestep_zero_conds()
     caplog.set_level("INFO")
     plain = fc.sample(tiny, shifted_zero_index(qwen), LATENT, pos, neg, cfg=1.0)
-    merged = fc.sample(tiny, shifted_zero_index(fc.patch(toma, qwen, blocks="all")), LATENT, pos, neg, cfg=1.0)
+    merged = fc.sample(tiny, shifted_zero_index(patch(toma, qwen, blocks="all")), LATENT, pos, neg, cfg=1.0)
     assert torch.equal(merged, plain)
-    line = fc.summary(caplog)
-    assert "0 block runs merged" in line and "timestep_zero_index 56 is not a boundary" in line, line
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 0 and runs_for(run.unmerged_blocks, "timestep_zero_index 56 is not a boundary") > 0, run
 
 
 LAYERED = (1, 16, 3, 16, 16)
@@ -214,7 +217,7 @@ def test_layered_latent_merges_each_frame_alone(qwen: Any, tiny: Any, toma: Any,
     require_frames(qwen)
     fc.check_ratio_zero(tiny, toma, qwen, LAYERED, *conds)
     fc.check_passthrough_rows(tiny, toma, qwen, LAYERED, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=96)
-    merged = rope_rows_of_block_one(tiny, fc.patch(toma, qwen, blocks="all", tile_size=4), LAYERED, conds)
+    merged = rope_rows_of_block_one(tiny, patch(toma, qwen, blocks="all", tile_size=4), LAYERED, conds)
     full = rope_rows_of_block_one(tiny, qwen, LAYERED, conds)
     assert len(merged) == TEXT + 96 and len(full) == TEXT + 192
     for frame in range(3):
@@ -244,7 +247,7 @@ def rope_rows_of_block_one(tiny: Any, model: Any, latent: tuple[int, ...], conds
 def test_rope_axis_and_modulation_checks_refuse_other_layouts(toma: Any) -> None:
     """The pe token axis is the one axis of T + N + R rows (axis 1 or 2); no axis, or two, is a
     changed layout; so is a vec batch neither B nor 2B."""
-    qwen_image = fc.pack_module("nodes.families.qwen_image")
+    qwen_image = pack_module("nodes.families.qwen_image")
     assert qwen_image.token_axis(torch.zeros(1, 76, 1, 8, 2, 2), 76) == 1
     assert qwen_image.token_axis(torch.zeros(1, 1, 76, 8, 2, 2), 76) == 2
     for pe in (torch.zeros(1, 1, 75, 8, 2, 2), torch.zeros(1, 76, 76, 8, 2, 2)):
@@ -270,9 +273,9 @@ def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, caplo
     if not torch.equal(fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0), fc.sample(tiny, qwen, LATENT, changed, neg, cfg=1.0)):
         pytest.skip("ComfyUI 0.3.64's comfy.ldm.qwen_image Attention ignores the text mask")
     fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg)
-    patched = fc.patch(toma, qwen, tile_size=4, blocks="all")
+    patched = patch(toma, qwen, tile_size=4, blocks="all")
     caplog.set_level("INFO")
     out = fc.sample(tiny, patched, LATENT, pos, neg, cfg=1.0)
-    assert "6 block runs merged" in fc.summary(caplog)
-    assert fc.rel(out, fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0)) > 1e-3
+    assert fc.summary(caplog).block_runs_merged == 6
+    assert rel(out, fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0)) > 1e-3
     torch.testing.assert_close(fc.sample(tiny, patched, LATENT, changed, neg, cfg=1.0), out, rtol=1e-5, atol=1e-6)

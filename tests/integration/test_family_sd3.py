@@ -12,7 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
+from compat_support import patch  # noqa: E402
 from bench.harness import tiny_dits  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 
 LATENT = (1, 16, 16, 16)
 """An 8 x 8 token grid."""
@@ -40,9 +42,9 @@ def test_every_block_runs_on_merged_tokens(sd3: Any, tiny: Any, toma: Any, conds
     plain, merged, base, out = fc.merged_lengths(tiny, toma, sd3, LATENT, *conds)
     assert plain == [TEXT + 64, 64, TEXT + 64, TEXT + 64]  # one batched cond+uncond call
     assert merged == [TEXT + 32, 32, TEXT + 32, TEXT + 32]
-    assert fc.rel(out, base) > 1e-3
-    line = fc.summary(caplog)
-    assert "3 block runs merged" in line and "64->32 tokens (8x8)" in line
+    assert rel(out, base) > 1e-3
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == 3 and run.tokens.get((8, 8)) == (64, 32)
 
 
 def test_unpatched_model_unchanged(sd3: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -61,11 +63,11 @@ def test_odd_sizes(sd3: Any, tiny: Any, toma: Any, conds: tuple, shape: tuple[in
 
 def test_refuses_what_it_cannot_honour(sd3: Any, toma: Any) -> None:
     with pytest.raises(ValueError, match="scope='attention' is available for Flux-family and UNet models only; SD3"):
-        fc.patch(toma, sd3, scope="attention")
+        patch(toma, sd3, scope="attention")
     with pytest.raises(ValueError, match="proportional_attention=True"):
-        fc.patch(toma, sd3, proportional_attention=True)
+        patch(toma, sd3, proportional_attention=True)
     with pytest.raises(ValueError, match="double range 0-5 is outside this model.s double blocks 0-2"):
-        fc.patch(toma, sd3, blocks="double:0-5")
+        patch(toma, sd3, blocks="double:0-5")
 
 
 @pytest.mark.parametrize("blocks", ["all", "double:1", "double:2"])
@@ -85,7 +87,7 @@ def test_x_block_self_attention_holds_only_merged_image_tokens(sd3: Any, tiny: A
     block = sd3.get_model_object("diffusion_model.joint_blocks.0")
     hook = block.register_forward_pre_hook(lambda module, args, kwargs: inputs.append((args[1], kwargs["c"])), with_kwargs=True)
     try:
-        merged = fc.attention_inputs(tiny, fc.patch(toma, sd3, ratio=0.5, tile_size=4, blocks="double:0"), LATENT, *conds)
+        merged = fc.attention_inputs(tiny, patch(toma, sd3, ratio=0.5, tile_size=4, blocks="double:0"), LATENT, *conds)
     finally:
         hook.remove()
     assert [c[1].shape[1] for c in merged] == [TEXT + 32, 32, TEXT + 64, TEXT + 64]

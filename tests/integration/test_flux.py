@@ -8,7 +8,6 @@ sequence length of every attention call.
 from __future__ import annotations
 
 import logging
-import re
 from functools import partial
 from typing import Any
 
@@ -19,7 +18,8 @@ torch = pytest.importorskip("torch")
 import compat_support  # noqa: E402
 import family_checks as fc  # noqa: E402
 from compat_support import FLUX_TEXT as TEXT  # noqa: E402
-from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
+from compat_support import RUNTIME_LOGGER, patch, run_records, runs_for, sample_with_noise  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 
@@ -209,7 +209,7 @@ def test_timestep_zero_spans_move_under_a_later_replacement(global_modulation_fl
     patched = patch(toma, global_modulation_flux, blocks="all")
     alone = tiny.sample(patched, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
     assert torch.equal(tiny.sample(later_replacement(patched), FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0), alone)
-    assert "8 block runs merged" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].block_runs_merged == 8
 
 
 def test_timestep_zero_block_whose_forward_patch_was_replaced_runs_unmerged(global_modulation_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -222,8 +222,8 @@ def test_timestep_zero_block_whose_forward_patch_was_replaced_runs_unmerged(glob
     block = replaced.get_model_object("diffusion_model").single_blocks[0]
     replaced.add_object_patch("diffusion_model.single_blocks.0.forward", partial(type(block).forward, block))
     out = tiny.sample(replaced, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
-    line = run_lines(caplog)[-1]
-    assert "2 block runs modulation spans not moved" in line and "6 block runs merged" in line, line
+    run = run_records(caplog)[-1]
+    assert runs_for(run.unmerged_blocks, "modulation spans not moved") == 2 and run.block_runs_merged == 6, run
     others = patch(toma, global_modulation_flux, blocks="double:0-1,single:1")
     assert torch.equal(out, tiny.sample(others, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0))
 
@@ -252,8 +252,8 @@ def test_timestep_zero_spans_toma_cannot_move_run_unmerged(global_modulation_flu
     patched = later_replacement(patch(toma, model, blocks="all"))
     plain = tiny.sample(model, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0)
     assert torch.equal(tiny.sample(patched, FLUX_LATENT, positive=pos, negative=neg, steps=2, cfg=1.0), plain)
-    line = run_lines(caplog)[-1]
-    assert "0 block runs merged" in line and "8 block runs per-span modulation" in line, line
+    run = run_records(caplog)[-1]
+    assert run.block_runs_merged == 0 and runs_for(run.unmerged_blocks, "per-span modulation") == 8, run
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 18, 26), (1, 16, 17, 23), (1, 16, 2, 30), (1, 16, 10, 10)])
@@ -279,9 +279,9 @@ def test_heun_shares_one_plan_per_step(tiny_flux: Any, tiny: Any, toma: Any, cap
     patched = patch(toma, tiny_flux)
     out = tiny.sample(patched, FLUX_LATENT, steps=3, sampler_name="heun")
     assert torch.isfinite(out).all()
-    (line,) = run_lines(caplog)
-    assert "merged 3/3 steps, 5/5 calls" in line  # heun: 2 evaluations per step except the last
-    assert "3 plans built" in line
+    (run,) = run_records(caplog)
+    assert (run.steps_merged, run.total_steps, run.calls_merged, run.total_calls) == (3, 3, 5, 5)  # heun: 2 evaluations per step except the last
+    assert run.plans_built == 3
 
 
 def test_denoise_below_one(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -290,7 +290,7 @@ def test_denoise_below_one(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.
     baseline = tiny.sample(tiny_flux, None, latent_image=start, denoise=0.5)
     assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0), None, latent_image=start, denoise=0.5), baseline)
     tiny.sample(patch(toma, tiny_flux, end=0.75), None, latent_image=start, denoise=0.5, steps=4)
-    assert "/4 steps" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].total_steps == 4
 
 
 def test_split_sampling_uses_sigma_window(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -301,9 +301,9 @@ def test_split_sampling_uses_sigma_window(tiny_flux: Any, tiny: Any, toma: Any, 
     tiny.sample(patched, FLUX_LATENT, **kwargs)
     first = tiny.sample(patched, FLUX_LATENT, start_step=0, last_step=3, force_full_denoise=False, **kwargs)
     tiny.sample(patched, None, latent_image=first, start_step=3, last_step=6, disable_noise=True, **kwargs)
-    lines = run_lines(caplog)
-    assert len(lines) == 3
-    merged = [int(line.split("merged ")[1].split("/")[0]) for line in lines]
+    runs = run_records(caplog)
+    assert len(runs) == 3
+    merged = [run.steps_merged for run in runs]
     assert 0 < merged[0] < 6  # the sigma window, not a step count, decides
     assert merged[1] == 3 and merged[1] + merged[2] == merged[0]
 
@@ -318,7 +318,7 @@ def test_two_resolutions_do_not_leak(tiny_flux: Any, tiny: Any, toma: Any) -> No
 def test_recompute_every_reuses_plans(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     tiny.sample(patch(toma, tiny_flux, every=2), FLUX_LATENT, steps=4)
-    assert "2 plans built" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].plans_built == 2
 
 
 def merge_every_node(toma: Any, model: Any, merge_every: int, recompute_every: int = 1) -> Any:
@@ -338,9 +338,9 @@ def test_merge_every_merges_every_other_step(tiny_flux: Any, tiny: Any, toma: An
     blocks = 4  # 2 double + 2 single, one call per step (cond and uncond batched)
     merged_steps = [0, 2]
     assert lengths == [TEXT + (32 if step in merged_steps else 64) for step in range(4) for _ in range(blocks)]
-    (line,) = run_lines(caplog)
-    assert "merged 2/4 steps, 2/4 calls" in line and "2 plans built" in line
-    assert "unmerged: 2 calls between merge steps (merge_every=2)" in line and "merge every 2" in line
+    (run,) = run_records(caplog)
+    assert (run.steps_merged, run.total_steps, run.calls_merged, run.total_calls) == (2, 4, 2, 4) and run.plans_built == 2
+    assert run.unmerged_calls.get("between merge steps (merge_every=2)") == 2 and "merge every 2," in run.settings
     every_step = tiny.sample(merge_every_node(toma, tiny_flux, 1), FLUX_LATENT, steps=4)
     assert torch.equal(every_step, tiny.sample(patch(toma, tiny_flux, blocks="all"), FLUX_LATENT, steps=4))
     plain = tiny.sample(tiny_flux, FLUX_LATENT, steps=4)
@@ -353,8 +353,8 @@ def test_merge_every_with_recompute_every_counts_sampling_steps(tiny_flux: Any, 
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     for recompute, plans in ((2, 2), (3, 1)):
         tiny.sample(merge_every_node(toma, tiny_flux, 2, recompute), FLUX_LATENT, steps=4)
-        line = run_lines(caplog)[-1]
-        assert "merged 2/4 steps" in line and f"{plans} plans built" in line, line
+        run = run_records(caplog)[-1]
+        assert (run.steps_merged, run.total_steps) == (2, 4) and run.plans_built == plans, run
 
 
 def test_merge_every_with_separate_cfg_calls(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -365,7 +365,8 @@ def test_merge_every_with_separate_cfg_calls(tiny_flux: Any, tiny: Any, toma: An
     pos = tiny.make_conditioning(tiny_flux, 1234, reference_latents=[ref])
     neg = tiny.make_conditioning(tiny_flux, 1235)
     tiny.sample(merge_every_node(toma, tiny_flux, 2), FLUX_LATENT, positive=pos, negative=neg, steps=4)
-    assert "merged 2/4 steps, 4/8 calls" in run_lines(caplog)[-1]
+    run = run_records(caplog)[-1]
+    assert (run.steps_merged, run.total_steps, run.calls_merged, run.total_calls) == (2, 4, 4, 8)
 
 
 def test_merge_every_with_heun(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -373,8 +374,8 @@ def test_merge_every_with_heun(tiny_flux: Any, tiny: Any, toma: Any, caplog: pyt
     decision: with merge_every=2 over 3 steps the calls at sigma 0 and sigma 2 merge (1 + 2 of 5)."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     tiny.sample(merge_every_node(toma, tiny_flux, 2), FLUX_LATENT, steps=3, sampler_name="heun")
-    line = run_lines(caplog)[-1]
-    assert "merged 2/3 steps, 3/5 calls" in line and "2 plans built" in line
+    run = run_records(caplog)[-1]
+    assert (run.steps_merged, run.total_steps, run.calls_merged, run.total_calls) == (2, 3, 3, 5) and run.plans_built == 2
 
 
 def test_one_log_line_per_run(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -382,10 +383,11 @@ def test_one_log_line_per_run(tiny_flux: Any, tiny: Any, toma: Any, caplog: pyte
     patched = patch(toma, tiny_flux)
     tiny.sample(patched, FLUX_LATENT, steps=2)
     tiny.sample(patched, FLUX_LATENT, steps=2)
-    lines = run_lines(caplog)
-    assert len(lines) == 2
-    assert "64->32 tokens (8x8)" in lines[0] and "merged 2/2 steps" in lines[0] and "2 plans built" in lines[0]
-    assert "8 block runs merged" in lines[0] and "unmerged: none" in lines[0]
+    runs = run_records(caplog)
+    assert len(runs) == 2
+    run = runs[0]
+    assert run.tokens.get((8, 8)) == (64, 32) and (run.steps_merged, run.total_steps) == (2, 2) and run.plans_built == 2
+    assert run.block_runs_merged == 8 and run.unmerged_calls == run.unmerged_blocks == {}
 
 
 def test_unsupported_model_is_refused(tiny_flux: Any, toma: Any) -> None:
@@ -440,7 +442,7 @@ def test_hooks_called_without_transformer_options(tiny_flux: Any, tiny: Any, tom
         other.set_model_patch_replace(strip, "dit", "double_block", i)
         other.set_model_patch_replace(strip, "dit", "single_block", i)
     tiny.sample(patch(toma, other), FLUX_LATENT, steps=2)
-    assert "8 block runs merged" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].block_runs_merged == 8
 
 
 def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
@@ -523,8 +525,8 @@ def test_attention_mask_is_merged_with_the_tokens(tiny_flux: Any, tiny: Any, tom
     neg = tiny.make_conditioning(tiny_flux, 1235)
     _, out, lengths = zero_then_merged(tiny, toma, tiny_flux, pos, neg, steps=2)
     assert set(lengths) == {TEXT + 32} and torch.isfinite(out).all()
-    line = run_lines(caplog)[-1]
-    assert "unmerged: none" in line and "16 block runs merged" in line
+    run = run_records(caplog)[-1]
+    assert run.unmerged_calls == run.unmerged_blocks == {} and run.block_runs_merged == 16
 
 
 def build_tiny_chroma(tiny: Any) -> Any:
@@ -658,11 +660,10 @@ def test_ratio_zero_says_nothing_merged_and_a_real_run_says_what_it_gained(tiny_
     """Ratio 0 used to log "256->256 tokens | merged 4/4 steps ... 16 block runs merged"."""
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     tiny.sample(patch(toma, tiny_flux, 0.0, blocks="all"), FLUX_LATENT, steps=4)
-    zero = run_lines(caplog)[-1]
-    assert "no tokens merged" in zero and "merged 0/4 steps" in zero and "0 block runs merged" in zero, zero
-    assert "4 calls ratio 0 (nothing to merge)" in zero and "faster" not in zero and "slower" not in zero, zero
+    zero = run_records(caplog)[-1]
+    assert zero.tokens == {} and (zero.steps_merged, zero.total_steps) == (0, 4) and zero.block_runs_merged == 0, zero
+    assert zero.unmerged_calls.get("ratio 0 (nothing to merge)") == 4 and zero.gain is None, zero
     tiny.sample(patch(toma, tiny_flux, 0.5, 0.5, blocks="all"), FLUX_LATENT, steps=4)
-    line = run_lines(caplog)[-1]
-    merged = re.search(r"merged (\d)/4 steps", line)
-    assert merged and 0 < int(merged[1]) < 4, line  # merged and unmerged calls to compare
-    assert re.search(r"merged calls \d+\.\d\dx (faster|slower) than unmerged ones; this run about \d+\.\d\dx (faster|slower) than without ToMA", line), line
+    run = run_records(caplog)[-1]
+    assert run.total_steps == 4 and 0 < run.steps_merged < 4, run  # merged and unmerged calls to compare
+    assert run.gain is not None and run.gain.measured, run  # merged calls measured against unmerged ones

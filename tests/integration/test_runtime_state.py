@@ -19,12 +19,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
-from compat_support import RUNTIME_LOGGER, patch, run_lines, sample_with_noise  # noqa: E402
+from compat_support import RUNTIME_LOGGER, patch, run_records, sample_with_noise  # noqa: E402
 
 STEPS = 4
 SETTINGS = {"a": dict(ratio=0.5, tile_size=4), "b": dict(ratio=0.75, tile_size=2)}
-FACTS = {"a": ("64->32 tokens (8x8)", "ratio 0.5, tile 4"), "b": ("64->16 tokens (8x8)", "ratio 0.75, tile 2")}
-"""What each run's summary line says: its token counts and its settings."""
+FACTS = {"a": ({(8, 8): (64, 32)}, "ratio 0.5, tile 4,"), "b": ({(8, 8): (64, 16)}, "ratio 0.75, tile 2,")}
+"""What each run's summary line says: its token counts ((h, w) -> (N, D)) and its settings (their start)."""
 
 
 def idle(toma: Any) -> bool:
@@ -97,14 +97,14 @@ def test_two_samplers_in_two_threads_keep_their_own_settings(
         thread.start()
     for thread in threads:
         thread.join(timeout=300)
-    lines = run_lines(caplog)
+    runs = run_records(caplog)
     for name, gate in gates.items():
         assert torch.is_tensor(results[name]) and torch.equal(results[name], alone[name]), (name, results[name])
         assert gate.inside == [{"runs": 2, "calls": 2, "thread_runs": 1, "thread_calls": 1}] * STEPS
         tokens, described = FACTS[name]
-        mine = [line for line in lines if described in line]
-        assert len(mine) == 1 and tokens in mine[0] and f"merged {STEPS}/{STEPS} steps" in mine[0], lines
-        assert f"{STEPS * 4} block runs merged" in mine[0] and "without transformer_options" not in mine[0]
+        mine = [record for record in runs if record.settings.startswith(described)]
+        assert len(mine) == 1 and mine[0].tokens == tokens and (mine[0].steps_merged, mine[0].total_steps) == (STEPS, STEPS), runs
+        assert mine[0].block_runs_merged == STEPS * 4 and "without transformer_options" not in mine[0].unmerged_blocks
     assert idle(toma)
 
 
@@ -121,7 +121,7 @@ def test_interrupt_mid_run_leaves_nothing(tiny_flux: Any, tiny: Any, toma: Any, 
     with pytest.raises(comfy.model_management.InterruptProcessingException):
         tiny.sample(patch(toma, tiny_flux, blocks="all"), FLUX_LATENT, steps=STEPS, callback=cancel)
     assert idle(toma)
-    assert "was cancelled" in run_lines(caplog)[-1] and "bypassed" not in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].status == "cancelled"  # so not "bypassed": a run has one status
 
 
 def test_exception_inside_a_block_leaves_nothing(tiny_flux: Any, tiny: Any, toma: Any) -> None:

@@ -11,7 +11,6 @@ attention call.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import pytest
@@ -20,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 import compat_support  # noqa: E402
 from compat_support import CLIP_TEXT as TEXT  # noqa: E402
-from compat_support import RUNTIME_LOGGER, patch, rel, run_lines, sample_with_noise  # noqa: E402
+from compat_support import RUNTIME_LOGGER, patch, run_records, sample_with_noise  # noqa: E402
+from bench.harness.metrics import relative_error as rel  # noqa: E402
 from bench.harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 4, 16, 16)
@@ -203,9 +203,9 @@ def test_heun_shares_one_plan_per_level_and_step(tiny_sdxl: Any, tiny: Any, toma
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     out = tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=3, sampler_name="heun")
     assert torch.isfinite(out).all()
-    (line,) = run_lines(caplog)
-    assert "merged 3/3 steps, 5/5 calls" in line
-    assert "6 plans built" in line  # 2 levels x 3 steps
+    (run,) = run_records(caplog)
+    assert (run.steps_merged, run.total_steps, run.calls_merged, run.total_calls) == (3, 3, 5, 5)
+    assert run.plans_built == 6  # 2 levels x 3 steps
 
 
 def test_denoise_and_split_sampling(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -218,7 +218,7 @@ def test_denoise_and_split_sampling(tiny_sdxl: Any, tiny: Any, toma: Any, caplog
     tiny.sample(patched, LATENT, **kwargs)
     first = tiny.sample(patched, LATENT, start_step=0, last_step=3, force_full_denoise=False, **kwargs)
     tiny.sample(patched, None, latent_image=first, start_step=3, last_step=6, disable_noise=True, **kwargs)
-    merged = [int(re.search(r"merged (\d+)/\d+ steps", line)[1]) for line in run_lines(caplog)[-3:]]
+    merged = [run.steps_merged for run in run_records(caplog)[-3:]]
     assert 0 < merged[0] < 6 and merged[1] + merged[2] == merged[0]
 
 
@@ -234,10 +234,10 @@ def test_recompute_every_and_log_line(tiny_sdxl: Any, tiny: Any, toma: Any, capl
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     tiny.sample(patch(toma, tiny_sdxl, every=2), LATENT, steps=4)
     tiny.sample(patch(toma, tiny_sdxl), LATENT, steps=2)
-    reuse, line = run_lines(caplog)
-    assert "4 plans built" in reuse  # 2 levels x 2 epochs
-    assert "ToMA [unet]: 16->8 tokens (4x4); 64->32 tokens (8x8)" in line
-    assert "merged 2/2 steps" in line and "34 block runs merged" in line and "unmerged: none" in line
+    reuse, run = run_records(caplog)
+    assert reuse.plans_built == 4  # 2 levels x 2 epochs
+    assert run.family == "unet" and run.tokens == {(4, 4): (16, 8), (8, 8): (64, 32)}
+    assert (run.steps_merged, run.total_steps) == (2, 2) and run.block_runs_merged == 34 and run.unmerged_calls == run.unmerged_blocks == {}
 
 
 def test_min_tokens_per_level(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -245,7 +245,7 @@ def test_min_tokens_per_level(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pyte
     merged, calls = record_attention(patch(toma, tiny_sdxl, min_tokens=32))
     tiny.sample(merged, LATENT, steps=1)
     assert self_attention(calls) == [32, 32] + [16] * 12 + [32] * 3
-    assert "12 block runs level below min_tokens=32" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].unmerged_blocks.get("level below min_tokens=32") == 12
 
 
 # --- composition with other patches ------------------------------------------------------
@@ -297,7 +297,7 @@ def test_attention_replace_keeps_block_unmerged(tiny_sdxl: Any, tiny: Any, toma:
     expected[0] = 64
     del expected[6]  # the replaced attn1 of middle depth 0 bypasses the recording override
     assert self_attention(calls) == expected
-    assert "2 block runs attn1/attn2 replace patch present" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].unmerged_blocks.get("attn1/attn2 replace patch present") == 2
 
 
 def test_builtin_sag_and_pag_run(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
@@ -330,7 +330,7 @@ def test_sag_with_attention_scope(tiny_sdxl: Any, tiny: Any, toma: Any, ratio: f
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     tiny.sample(sag(patch(toma, tiny_sdxl, ratio=ratio, scope="attention")), LATENT, steps=1)
     # SAG's middle depth-0 block, once in the CFG call and once in SAG's own guidance call
-    assert "2 block runs attn1/attn2 replace patch present" in run_lines(caplog)[-1]
+    assert run_records(caplog)[-1].unmerged_blocks.get("attn1/attn2 replace patch present") == 2
 
 
 def test_cond_and_uncond_in_separate_calls(tiny_sdxl: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -343,8 +343,8 @@ def test_cond_and_uncond_in_separate_calls(tiny_sdxl: Any, tiny: Any, toma: Any,
     baseline = tiny.sample(tiny_sdxl, LATENT, positive=pos, negative=neg, steps=2)
     assert torch.isfinite(out).all() and rel(out, baseline) > 1e-3
     assert {k for q, k in calls if k in (77, 80)} == {77, 80}
-    line = run_lines(caplog)[-1]
-    assert "4/4 calls" in line and "8 plans built" in line  # 2 steps x 2 calls x 2 levels
+    run = run_records(caplog)[-1]
+    assert run.calls_merged == run.total_calls == 4 and run.plans_built == 8  # 2 steps x 2 calls x 2 levels
 
 
 def test_controlnet_still_works(tiny_sdxl: Any, tiny: Any, toma: Any) -> None:
