@@ -1,6 +1,8 @@
-"""The pack's import graph has no circle: every import of nodes/ and toma_core/ counts, the ones
-inside functions and under `if TYPE_CHECKING:` included (a deferred import only hides a circle,
-it does not remove it). Read from the source with `ast`, so nothing is imported."""
+"""The pack's import graph has no circle and follows its layers: every import of nodes/ and
+toma_core/ counts, the ones inside functions and under `if TYPE_CHECKING:` included (a deferred
+import only hides a circle, it does not remove it). Read from the source with `ast`, so nothing is
+imported. The layers, each importing only from those after it (nodes/__init__.py):
+node -> families -> machinery -> run -> the shared contract and settings -> toma_core."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nodes", "toma_core")
+LAYERS = ("nodes.node", "nodes.families", "nodes.machinery", "nodes.run", "nodes.contract", "nodes.settings", "toma_core")
+"""The pack's layers, top to bottom (nodes/__init__.py); contract and settings both stand for the
+shared vocabulary (settings may not import contract, nor contract settings)."""
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -84,7 +89,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read() -> None:
     graph = import_graph()
-    assert "nodes.registry" in graph and "nodes.families.flux" in graph["nodes.registry"]
+    assert "nodes.families.registry" in graph and "nodes.families.flux" in graph["nodes.families.registry"]
     assert "toma_core.plan" in graph
 
 
@@ -100,3 +105,21 @@ def test_a_circle_is_found() -> None:
 def test_toma_core_imports_nothing_from_nodes() -> None:
     graph = import_graph()
     assert not {m: sorted(d) for m, d in graph.items() if m.startswith("toma_core") and any(x.startswith("nodes") for x in d)}
+
+
+def layer(module: str) -> int | None:
+    """The index of `module`'s layer in LAYERS (None: a package __init__ of nodes itself)."""
+    return next((i for i, top in enumerate(LAYERS) if module == top or module.startswith(top + ".")), None)
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    assert [m for m in import_graph() if layer(m) is None] == ["nodes"]
+
+
+def test_imports_go_only_down_the_layers() -> None:
+    """A layer imports only from the layers below it (or its own folder)."""
+    upward = [
+        f"{m} -> {d}" for m, deps in import_graph().items() for d in deps
+        if layer(m) is not None and layer(d) is not None and layer(d) < layer(m)
+    ]
+    assert not upward, upward

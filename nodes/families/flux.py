@@ -48,7 +48,7 @@ from ..machinery.hooks import install_dit_hooks, install_forward_patches
 from ..machinery.merge import add_key_bias, merge_mask
 from ..machinery.skeleton import run_hook
 from ..machinery.spans import RowMove, moved_keyword, span_forward, with_move
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
 from .flux_attention import attention_options
 

@@ -45,7 +45,7 @@ from ..machinery.geometry import DitAdapter, text_length
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, moved_spans
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import NODE_TILE_FRAMES, ToMASettings
 
 SLOT = "hunyuan_video"

@@ -37,7 +37,7 @@ from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
 from ..machinery.skeleton import run_hook
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
 
 PLAN_SLOT = "kandinsky5"

@@ -46,7 +46,7 @@ from ..machinery.hooks import install_forward_patches, module_forward
 from ..machinery.scope import require_block_scope
 from ..machinery.skeleton import run_hook
 from ..machinery.spans import RowMove, moved_spans
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "lumina2"

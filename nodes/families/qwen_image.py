@@ -46,7 +46,7 @@ from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, SpansCut, span_forward, with_move
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "qwen_image"

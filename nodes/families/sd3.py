@@ -20,7 +20,7 @@ from ..machinery.dit_runner import ImageSpan, merged_dit_block
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
 
 SLOT = "sd3"

@@ -38,11 +38,21 @@ from ..machinery.geometry import text_length
 from ..machinery.hooks import TOMA_MARK, install_forward_patches
 from ..machinery.scope import refuse_proportional_attention
 from ..machinery.skeleton import run_hook
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
-from .unet_attention import REPLACE_KEY, install_attention_patches, remove_own_attention_patches
+from .unet_attention import (
+    REPLACE_KEY,
+    install_attention_patches,
+    remove_own_attention_patches,
+)
 from .unet_blocks import UNetBlockSpec, parse_unet_blocks
-from .unet_sites import TransformerSite, describe_blocks, find_sites, level_plan, level_veto
+from .unet_sites import (
+    TransformerSite,
+    describe_blocks,
+    find_sites,
+    level_plan,
+    level_veto,
+)
 
 __all__ = ["REPLACE_KEY", "TOMA_MARK", "apply", "find_sites", "make_block_forward"]
 

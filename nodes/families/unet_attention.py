@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ...toma_core import MergePlan
-from ..call_args import transformer_options_of
 from ..machinery.hooks import is_toma, mark
-from ..runtime import find_call
+from ..run.call_args import transformer_options_of
+from ..run.runtime import find_call
 from ..settings import TOMA_KEY
 from .unet_blocks import BlockId
 from .unet_sites import level_plan, level_veto

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...toma_core.cost import LINEAR_UNET, BlockCost
-from ..cost_profile import CostProfile, tile_tokens
+from ..run.cost_profile import CostProfile, tile_tokens
 from ..settings import ToMASettings
 from .unet_blocks import parse_unet_blocks
 from .unet_sites import find_sites, levels

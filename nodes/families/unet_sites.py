@@ -13,7 +13,7 @@ import torch
 from ...toma_core import MergePlan
 from ..contract import Unmerged
 from ..machinery.merge import features
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from .unet_blocks import BlockId
 
 PLAN_SLOT = "unet"

@@ -43,7 +43,7 @@ from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.scope import require_block_scope
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from ..settings import ToMASettings
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import torch
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment
 from ..contract import Unmerged, layout_changed
-from ..runtime import CallContext
+from ..run.runtime import CallContext
 from .hooks import MergedBlock
 from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
 from .skeleton import run_hook

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..contract import Unmerged
-from ..runtime import CallContext, compiling, find_call, note_orphan
+from ..run.runtime import CallContext, compiling, find_call, note_orphan
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Every diffusion-model class that the installed ComfyUI's `comfy.supported_models.models` can build
-has a status in nodes/registry.py: a Family adapts it or a Refusal says why not, so the node never
+has a status in nodes/families/registry.py: a Family adapts it or a Refusal says why not, so the node never
 falls back to its generic unknown-class error. The class a config builds is read from ComfyUI's own
 source (the config's `get_model` names a `comfy.model_base` class, whose `__init__` passes
 `unet_model=`), so no model is built."""
@@ -70,13 +70,13 @@ def _qualified(cls: type) -> str:
 
 
 def test_every_supported_model_class_has_a_status(comfy: Path) -> None:
-    registry = pack_module("nodes.registry")
+    registry, refusals = pack_module("nodes.families.registry"), pack_module("nodes.families.refusals")
     classes = diffusion_classes()
     assert classes and all(classes.values()), [name for name, found in classes.items() if not found]
     missing, silent = [], []
     for config, found in classes.items():
         for cls in found:
-            if any(_matched(registry, cls, r.classes) for r in registry.REFUSED):
+            if any(_matched(registry, cls, r.classes) for r in refusals.REFUSED):
                 continue
             parents = [known for f in registry.FAMILIES for known in _matched(registry, cls, f.classes)]
             if not parents:
@@ -88,17 +88,17 @@ def test_every_supported_model_class_has_a_status(comfy: Path) -> None:
 
 
 def _refused_classes() -> list[tuple[str, str]]:
-    registry = pack_module("nodes.registry")
-    return [(r.title, path) for r in registry.REFUSED for path in r.classes]
+    refusals = pack_module("nodes.families.refusals")
+    return [(r.title, path) for r in refusals.REFUSED for path in r.classes]
 
 
 @pytest.mark.parametrize("title, path", _refused_classes())
 def test_refused_class_error_names_its_reason(comfy: Path, title: str, path: str) -> None:
-    registry = pack_module("nodes.registry")
+    registry, refusals = pack_module("nodes.families.registry"), pack_module("nodes.families.refusals")
     cls = registry.resolve(path)
     if cls is None:
         pytest.skip(f"this ComfyUI has no {path.replace(':', '.')}")
-    refusal = next(r for r in registry.REFUSED if r.title == title)
+    refusal = next(r for r in refusals.REFUSED if r.title == title)
     module = cls.__new__(cls)  # the real class, uninitialised: family_of reads only its type
     with pytest.raises(ValueError) as error:
         registry.family_of(module)

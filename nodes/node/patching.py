@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from .config import ToMAConfig
-from .registry import apply_family, detect_family
-from .runtime import RunState
-from .settings import TOMA_KEY, ToMASettings
-from .wrappers import apply_model_wrapper, outer_sample_wrapper
+from ..families.registry import apply_family, detect_family
+from ..run.config import ToMAConfig
+from ..run.runtime import RunState
+from ..run.wrappers import apply_model_wrapper, outer_sample_wrapper
+from ..settings import TOMA_KEY, ToMASettings
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ tests/integration/test_readme_tables.py, as registry.readme_table() is for the m
 
 from __future__ import annotations
 
-from .settings import MIN_TOKENS_RANGE
+from ..settings import MIN_TOKENS_RANGE
 from .toma_nodes import ToMAPatch, ToMAPatchAdvanced
 
 HEADER = ["| Input | Default | Range | Effect |", "|---|---|---|---|"]

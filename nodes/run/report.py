@@ -18,7 +18,7 @@ from .call_timing import Gain
 from .config import ToMAConfig
 
 if TYPE_CHECKING:
-    from .settings import ToMASettings
+    from ..settings import ToMASettings
 
 FEW_STEPS_SHARE = 0.5
 """A run whose schedule merges fewer than this share of the steps its window nominally covers

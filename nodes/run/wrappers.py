@@ -17,15 +17,23 @@ import logging
 
 import torch
 
-from ..toma_core import StepDecision
+from ...toma_core import StepDecision
+from ..contract import CallGeometry
+from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
 from .call_args import transformer_options_of
 from .call_timing import measure_gain, warn_if_slower
-from .contract import CallGeometry
 from .report import TOMA_RUN, bypassed, run_record, schedule_warning
 from .runtime import (
-    TORCH_COMPILE_KWARGS, CallContext, RunState, compiling, enter_call, enter_run, leave_call, leave_run, orphan_count,
+    TORCH_COMPILE_KWARGS,
+    CallContext,
+    RunState,
+    compiling,
+    enter_call,
+    enter_run,
+    leave_call,
+    leave_run,
+    orphan_count,
 )
-from .settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
 
 log = logging.getLogger(__name__)
 

@@ -40,13 +40,13 @@ from typing import Any
 
 import torch
 
-from ..toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
-from ..toma_core.video import Segment, make_video_plan
+from ...toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
+from ...toma_core.video import Segment, make_video_plan
+from ..contract import CallGeometry
+from ..settings import CALL_KEY, ToMASettings
 from .call_timing import CallKey, CallTimer
 from .config import ToMAConfig
-from .contract import CallGeometry
 from .report import RunStats
-from .settings import CALL_KEY, ToMASettings
 
 TORCH_COMPILE_KWARGS = "torch_compile_kwargs"
 """model_options key set by ComfyUI's set_torch_compile_wrapper (TorchCompileModel)."""

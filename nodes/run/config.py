@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .contract import FamilyAdapter
+from ..contract import FamilyAdapter
+from ..settings import ToMASettings
 from .cost_profile import CostProfile
-from .settings import ToMASettings
 
 
 @dataclass(frozen=True)

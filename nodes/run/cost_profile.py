@@ -16,9 +16,9 @@ from typing import Protocol
 
 import torch
 
-from ..toma_core.cost import TILE_TOKENS, BlockCost, call_speedup
-from .contract import CallGeometry
-from .settings import ToMASettings
+from ...toma_core.cost import TILE_TOKENS, BlockCost, call_speedup
+from ..contract import CallGeometry
+from ..settings import ToMASettings
 
 AUTO_MIN_SPEEDUP = 1.05
 """min_tokens "auto": a call merges only when its predicted speed-up is at least this (a few percent)."""

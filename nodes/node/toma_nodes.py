@@ -10,12 +10,22 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
-from .patching import patch_model
-from .registry import blocks_examples, node_models, video_models
-from .settings import (
-    NODE_MIN_TOKENS, NODE_RATIO, NODE_START_PERCENT, NODE_TILE_FRAMES, NODE_TILE_SIZE, RATIO_RANGE, SCOPES, TEMPERATURE_RANGE, TILE_FRAMES_RANGE, TILE_SIZE_RANGE, ToMASettings,
+from ...toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
+from ..families.registry import blocks_examples, node_models, video_models
+from ..settings import (
+    NODE_MIN_TOKENS,
+    NODE_RATIO,
+    NODE_START_PERCENT,
+    NODE_TILE_FRAMES,
+    NODE_TILE_SIZE,
+    RATIO_RANGE,
+    SCOPES,
+    TEMPERATURE_RANGE,
+    TILE_FRAMES_RANGE,
+    TILE_SIZE_RANGE,
+    ToMASettings,
 )
+from .patching import patch_model
 
 CATEGORY = "model_patches/ToMA"
 DESCRIPTION = (
