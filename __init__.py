@@ -1,5 +1,5 @@
 """ComfyUI-ToMA: ToMA token merging (Lu et al., ICML 2025) as ComfyUI nodes, for Flux, Chroma, SDXL,
-SD1.5, SD3, Qwen-Image, Lumina2, HunyuanVideo, HiDream and Wan (nodes/registry.py).
+SD1.5, SD3, Qwen-Image, Lumina2, HunyuanVideo, HiDream and Wan (nodes/families/registry.py).
 
 ComfyUI loads this folder as a custom-node package and calls `comfy_entrypoint` (V3 node API).
 No NODE_CLASS_MAPPINGS on purpose: ComfyUI ignores the V3 entrypoint when they exist. Outside
@@ -18,7 +18,7 @@ import logging
 
 if __package__:
     try:
-        from .nodes.extension import comfy_entrypoint
+        from .nodes.node.extension import comfy_entrypoint
     except ModuleNotFoundError as error:
         if not (error.name or "").startswith("comfy"):
             raise

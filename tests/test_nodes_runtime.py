@@ -10,10 +10,10 @@ import torch
 from bench.harness.pack import pack_module
 
 contract = pack_module("nodes.contract")
-runtime = pack_module("nodes.runtime")
-config_mod = pack_module("nodes.config")
-report_mod = pack_module("nodes.report")
-wrappers = pack_module("nodes.wrappers")
+runtime = pack_module("nodes.run.runtime")
+config_mod = pack_module("nodes.run.config")
+report_mod = pack_module("nodes.run.report")
+wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
 merge = pack_module("nodes.machinery.merge")
 core = pack_module("toma_core")

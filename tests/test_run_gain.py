@@ -12,14 +12,14 @@ import pytest
 import torch
 from bench.harness.pack import PACK_NAME, pack_module
 
-runtime = pack_module("nodes.runtime")
+runtime = pack_module("nodes.run.runtime")
 contract = pack_module("nodes.contract")
-config_mod = pack_module("nodes.config")
-wrappers = pack_module("nodes.wrappers")
+config_mod = pack_module("nodes.run.config")
+wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
-report = pack_module("nodes.report")
-timing = pack_module("nodes.call_timing")
-profile_mod = pack_module("nodes.cost_profile")
+report = pack_module("nodes.run.report")
+timing = pack_module("nodes.run.call_timing")
+profile_mod = pack_module("nodes.run.cost_profile")
 core = pack_module("toma_core")
 cost = pack_module("toma_core.cost")
 

@@ -1,4 +1,4 @@
-"""The run line and its record (nodes/report.py), without ComfyUI: a finished run's RunRecord
+"""The run line and its record (nodes/run/report.py), without ComfyUI: a finished run's RunRecord
 formats to the line format_report prints, and parse_run_line reads that line back to the same
 record, for every status, with and without a gain, and for the unmerged reasons the code words
 with commas, colons and semicolons."""
@@ -11,11 +11,11 @@ import pytest
 
 from bench.harness.pack import pack_module
 
-report = pack_module("nodes.report")
-config_mod = pack_module("nodes.config")
+report = pack_module("nodes.run.report")
+config_mod = pack_module("nodes.run.config")
 settings_mod = pack_module("nodes.settings")
-timing = pack_module("nodes.call_timing")
-wrappers = pack_module("nodes.wrappers")
+timing = pack_module("nodes.run.call_timing")
+wrappers = pack_module("nodes.run.wrappers")
 contract = pack_module("nodes.contract")
 core = pack_module("toma_core")
 

@@ -330,7 +330,7 @@ def patch_at_node_defaults(model: Any) -> Any:
     """
     from .pack import pack_module
 
-    nodes, patching = pack_module("nodes.toma_nodes"), pack_module("nodes.patching")
+    nodes, patching = pack_module("nodes.node.toma_nodes"), pack_module("nodes.node.patching")
     inputs = {i.id: i.default for i in nodes.ToMAPatch.define_schema().inputs if i.id != "model"}
     return patching.patch_model(model, nodes.build_settings(**inputs, min_tokens=0))
 

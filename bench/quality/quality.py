@@ -249,7 +249,7 @@ def node_classes() -> dict[str, type]:
     from comfy_extras.nodes_tomesd import TomePatchModel
     from ..harness.pack import pack_module
 
-    nodes = pack_module("nodes.toma_nodes")
+    nodes = pack_module("nodes.node.toma_nodes")
     return {"ToMAPatch": nodes.ToMAPatch, "ToMAPatchAdvanced": nodes.ToMAPatchAdvanced, "EasyCache": EasyCacheNode,
             "LazyCache": LazyCacheNode, "TomePatchModel": TomePatchModel}
 

@@ -41,7 +41,7 @@ def node_defaults() -> dict[str, Any]:
     """The ToMA Patch node's schema defaults (every input but the model)."""
     from ..harness.pack import pack_module
 
-    node = pack_module("nodes.toma_nodes").ToMAPatch
+    node = pack_module("nodes.node.toma_nodes").ToMAPatch
     return {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
 
 

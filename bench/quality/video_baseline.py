@@ -44,7 +44,7 @@ def settings() -> dict[str, tuple[str, dict[str, Any]]]:
     """{name: (node name, inputs)}: the Advanced node's defaults and the Wan workflow's ToMA node."""
     from ..harness.pack import pack_module
 
-    nodes = pack_module("nodes.toma_nodes")
+    nodes = pack_module("nodes.node.toma_nodes")
     advanced = {i.id: i.default for i in _inputs(nodes.ToMAPatchAdvanced)} | {"min_tokens": 0}
     workflow = json.loads(WORKFLOW.read_text())
     found = {}
@@ -63,9 +63,9 @@ def settings() -> dict[str, tuple[str, dict[str, Any]]]:
 def _patched(base: Any, node_name: str, inputs: dict[str, Any]) -> Any:
     from ..harness.pack import pack_module
 
-    nodes = pack_module("nodes.toma_nodes")
+    nodes = pack_module("nodes.node.toma_nodes")
     if node_name == "ToMAPatch":  # the basic node has no min_tokens: build its settings as it does, with 0
-        patching = pack_module("nodes.patching")
+        patching = pack_module("nodes.node.patching")
         return patching.patch_model(base, nodes.build_settings(**inputs, min_tokens=0))
     return getattr(nodes, node_name).execute(base, **inputs).result[0]
 

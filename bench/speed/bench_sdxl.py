@@ -91,7 +91,7 @@ def configurations(base: Any, args: argparse.Namespace) -> dict[str, Any]:
     from ..harness.pack import pack_module
 
     settings = pack_module("nodes.settings")
-    patching = pack_module("nodes.patching")
+    patching = pack_module("nodes.node.patching")
 
     def toma(ratio: float, scope: str) -> Any:
         return patching.patch_model(base, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, scope=scope))

@@ -71,7 +71,7 @@ def seeded_call(patcher: Any, args: argparse.Namespace, latent: tuple[int, ...],
 
 def toma_every_block(patcher: Any, ratio: float, args: argparse.Namespace, **options: Any) -> Any:
     """ToMA on every block at `ratio`, tile --tile-size; options are further ToMASettings."""
-    settings, patching = pack_module("nodes.settings"), pack_module("nodes.patching")
+    settings, patching = pack_module("nodes.settings"), pack_module("nodes.node.patching")
     return patching.patch_model(patcher, settings.ToMASettings(ratio=ratio, tile_size=args.tile_size, blocks="all", **options))
 
 

@@ -240,14 +240,14 @@ def patch_all(patcher: Any, ratio: float, tile_size: int) -> Any:
     """ToMA on every block (blocks 'all', every call merged) through the pack's patch_model."""
     settings = rs.pack_module("nodes.settings")
     schedule = rs.pack_module("toma_core").MergeSchedule()
-    return rs.pack_module("nodes.patching").patch_model(
+    return rs.pack_module("nodes.node.patching").patch_model(
         patcher, settings.ToMASettings(ratio=ratio, tile_size=tile_size, blocks="all", schedule=schedule))
 
 
 def patch_model(patcher: Any, setting: Any) -> Any:
     """`patcher` through the pack's patch_model at a realsize_model.Setting (scope block, min_tokens 0)."""
     settings = rs.pack_module("nodes.settings")
-    return rs.pack_module("nodes.patching").patch_model(
+    return rs.pack_module("nodes.node.patching").patch_model(
         patcher, settings.ToMASettings(ratio=setting.ratio, tile_size=setting.tile_size, schedule=setting.schedule(),
                                        blocks=setting.blocks, min_tokens=0))
 

@@ -5,7 +5,7 @@ stand-ins for third-party packs' calling conventions).
 Import only once ComfyUI is importable (the ``toma`` fixture in conftest.py makes sure).
 Token counts are measured with an ``optimized_attention_override`` (``record_attention``), the
 per-run result is read from the record of ToMA's one-line run summary (``run_records``:
-nodes/report.py RunRecord, its fields rather than the line's wording).
+nodes/run/report.py RunRecord, its fields rather than the line's wording).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from bench.harness.pack import pack_module
 
-RUNTIME_LOGGER = "comfyui_toma_pack.nodes.wrappers"
+RUNTIME_LOGGER = "comfyui_toma_pack.nodes.run.wrappers"
 """Logger of the per-run summary line and of the bypass warning."""
 
 FLUX_TEXT = 256
@@ -34,12 +34,12 @@ class Toma:
     """The pack's modules, loaded the way ComfyUI loads them (relative imports inside the pack)."""
 
     def __init__(self) -> None:
-        self.patching = pack_module("nodes.patching")
+        self.patching = pack_module("nodes.node.patching")
         self.settings = pack_module("nodes.settings")
-        self.runtime = pack_module("nodes.runtime")
+        self.runtime = pack_module("nodes.run.runtime")
         self.core = pack_module("toma_core")
         self.unet = pack_module("nodes.families.unet")
-        self.nodes = pack_module("nodes.toma_nodes")
+        self.nodes = pack_module("nodes.node.toma_nodes")
 
     def patch(self, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
         """ToMA on a clone of `model` (blocks="all" unless given: every block of the tiny models)."""
@@ -82,9 +82,9 @@ def sample_with_noise(tiny: Any, model: Any, noise: torch.Tensor, steps: int = 4
 
 
 def run_records(caplog: pytest.LogCaptureFixture) -> list[Any]:
-    """The RunRecords (nodes/report.py) of ToMA's per-run summary lines captured so far, as logged
+    """The RunRecords (nodes/run/report.py) of ToMA's per-run summary lines captured so far, as logged
     with each line; each is also checked to be what its line reads back as (report.parse_run_line)."""
-    report = pack_module("nodes.report")
+    report = pack_module("nodes.run.report")
     records = []
     for r in caplog.records:
         if r.name == RUNTIME_LOGGER and hasattr(r, report.TOMA_RUN):

@@ -104,7 +104,7 @@ def check_odd_size(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], po
 
 
 def summary(caplog: Any) -> Any:
-    """The record (nodes/report.py RunRecord) of the last run's ToMA summary line."""
+    """The record (nodes/run/report.py RunRecord) of the last run's ToMA summary line."""
     records = run_records(caplog)
     assert records
     return records[-1]

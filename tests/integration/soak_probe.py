@@ -3,7 +3,7 @@
 Installed only into the soak test's own server (test_live_soak.py links it into that server's
 custom_nodes/ beside the pack); the pack itself registers no route. The answer, as JSON:
 
-- ``runtime``: ToMA's runtime state (``nodes.runtime.live_state()``: sampling runs and model calls
+- ``runtime``: ToMA's runtime state (``nodes.run.runtime.live_state()``: sampling runs and model calls
   open in ToMA's wrappers, and the fallback stack and orphan counter of the route's own thread);
 - ``call_contexts`` / ``run_states`` (with ``?holders=1``): ToMA per-call and per-run holders still
   alive in the process, after ``gc.collect()``; then glibc's ``malloc_trim(0)`` hands the heap's
@@ -26,7 +26,7 @@ NODE_CLASS_MAPPINGS: dict = {}
 
 
 def _runtime():
-    """The pack's nodes.runtime module as ComfyUI imported it ("ComfyUI-ToMA.nodes.runtime")."""
+    """The pack's nodes.run.runtime module as ComfyUI imported it ("ComfyUI-ToMA.nodes.runtime")."""
     return next(module for name, module in sys.modules.items() if name.endswith(".nodes.runtime") and hasattr(module, "live_state"))
 
 

@@ -17,7 +17,7 @@ import torch
 
 from bench.harness.pack import PACK_ROOT, pack_module
 
-registry = pack_module("nodes.registry")
+registry = pack_module("nodes.families.registry")
 
 
 def _full(name: str) -> Callable[[], Any]:

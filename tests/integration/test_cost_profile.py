@@ -42,7 +42,7 @@ def meta_model(config_class: str, unet_config: dict[str, Any]) -> Any:
 
 
 def auto_profile(comfy: Any, config_class: str, unet_config: dict[str, Any], **kwargs: Any) -> Any:
-    patching, settings = pack_module("nodes.patching"), pack_module("nodes.settings")
+    patching, settings = pack_module("nodes.node.patching"), pack_module("nodes.settings")
     toma = settings.ToMASettings(min_tokens=settings.NODE_MIN_TOKENS, **kwargs)
     patched = patching.patch_model(meta_model(config_class, unet_config), toma)
     return patched.model_options["transformer_options"][settings.TOMA_KEY].config.cost
@@ -50,7 +50,7 @@ def auto_profile(comfy: Any, config_class: str, unet_config: dict[str, Any], **k
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_real_size_models_merge_at_1024px(comfy: Any, device: str) -> None:
-    runtime = pack_module("nodes.runtime")
+    runtime = pack_module("nodes.run.runtime")
     flux = auto_profile(comfy, "Flux", FLUX_DEV)
     sdxl = auto_profile(comfy, "SDXL", SDXL)
     assert flux.width == 3072 and sdxl.width == 640  # SDXL's first transformer level
@@ -59,7 +59,7 @@ def test_real_size_models_merge_at_1024px(comfy: Any, device: str) -> None:
 
 
 def test_small_calls_of_a_real_size_unet_run_unmerged_on_a_gpu(comfy: Any) -> None:
-    runtime = pack_module("nodes.runtime")
+    runtime = pack_module("nodes.run.runtime")
     sdxl = auto_profile(comfy, "SDXL", SDXL)
     small, large = runtime.CallGeometry(32, 32, 77), runtime.CallGeometry(128, 128, 77)
     assert sdxl.speedup(small.tokens, 77, "cuda", 2) < sdxl.speedup(large.tokens, 77, "cuda", 2)
@@ -70,7 +70,7 @@ def test_small_calls_of_a_real_size_unet_run_unmerged_on_a_gpu(comfy: Any) -> No
 def test_a_real_size_video_model_merges_at_the_node_tiles(comfy: Any) -> None:
     """Wan 2.1 1.3B at 480p, 81 frames (21 x 30 x 52 latent tokens) with the nodes' tile 8 x 4 frames:
     the plan, which grows with the tile's 256 tokens, stays small beside 30 blocks of width 1536."""
-    runtime, settings = pack_module("nodes.runtime"), pack_module("nodes.settings")
+    runtime, settings = pack_module("nodes.run.runtime"), pack_module("nodes.settings")
     wan = auto_profile(comfy, "WAN21_T2V", WAN_1_3B, tile_size=settings.NODE_TILE_SIZE)
     assert wan.width == 1536 and wan.tile_tokens == settings.NODE_TILE_SIZE ** 2 * settings.NODE_TILE_FRAMES
     assert wan.auto_veto(runtime.CallGeometry(30, 52, 512, frames=21), "cpu", 2) is None

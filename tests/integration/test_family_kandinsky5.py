@@ -114,7 +114,7 @@ def test_text_reaches_every_attention_exactly(video: Any, tiny: Any, toma: Any) 
 
 
 def record_plans(monkeypatch: pytest.MonkeyPatch, toma: Any) -> list:
-    """Every video plan the run builds (the one plan builder, nodes/runtime.py CallContext.plan)."""
+    """Every video plan the run builds (the one plan builder, nodes/run/runtime.py CallContext.plan)."""
     runner = toma.runtime
     plans: list = []
     original = runner.make_video_plan

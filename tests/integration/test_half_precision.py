@@ -42,7 +42,7 @@ def supported(dtype: torch.dtype) -> bool:
 
 
 class PlanTape:
-    """Stands in for nodes.runtime.make_plan: records the plans of a run while `plans` is a list, hands
+    """Stands in for nodes.run.runtime.make_plan: records the plans of a run while `plans` is a list, hands
     the recorded plans back in order while `replaying` is one (every run here builds the same plans in
     the same order), and builds fresh ones otherwise."""
 
@@ -64,10 +64,10 @@ class PlanTape:
 
 @contextlib.contextmanager
 def plan_tape() -> Iterator[PlanTape]:
-    """nodes.runtime.make_plan replaced by a PlanTape for the duration."""
+    """nodes.run.runtime.make_plan replaced by a PlanTape for the duration."""
     from bench.harness.pack import pack_module
 
-    runtime = pack_module("nodes.runtime")
+    runtime = pack_module("nodes.run.runtime")
     tape = PlanTape(runtime.make_plan)
     runtime.make_plan = tape
     try:
@@ -94,7 +94,7 @@ def merge_every_block(model: Any) -> Any:
     """ToMA at ratio 0.5 on every block of `model` (a clone)."""
     from bench.harness.pack import pack_module
 
-    patching, settings = pack_module("nodes.patching"), pack_module("nodes.settings")
+    patching, settings = pack_module("nodes.node.patching"), pack_module("nodes.settings")
     return patching.patch_model(model, settings.ToMASettings(ratio=0.5, blocks="all"))
 
 

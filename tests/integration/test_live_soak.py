@@ -6,7 +6,7 @@ Wan model files of the live tests (live_prompts.py: the shipped workflows, here 
 the Wan one ending in SaveLatent), in an order and with values drawn by ``random.Random(SEED)``:
 
 - every ToMA widget drawn inside the range the server registered for it (``/object_info``, from
-  nodes/toma_nodes.py and nodes/settings.py): half at its default, half at random; where a family
+  nodes/node/toma_nodes.py and nodes/settings.py): half at its default, half at random; where a family
   refuses a value (scope "attention" or proportional attention on Wan, proportional attention on
   the UNet) the draw keeps the default, so that only the planned errors are errors;
 - ``CANCELS`` runs cancelled through ``/interrupt`` while their sampler runs (the Advanced node with

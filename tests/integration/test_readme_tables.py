@@ -1,4 +1,4 @@
-"""The README's node tables are the nodes' schemas (nodes/readme_tables.py renders them), and its
+"""The README's node tables are the nodes' schemas (nodes/node/readme_tables.py renders them), and its
 Troubleshooting names no default by value, so neither can go stale when a default changes."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_readme_node_tables_are_the_schemas(comfy) -> None:
-    tables = pack_module("nodes.readme_tables").readme_tables()
+    tables = pack_module("nodes.node.readme_tables").readme_tables()
     assert tables in README.read_text(encoding="utf-8"), (
         "README '### ToMA Patch' / '### ToMA Patch (Advanced)' tables differ from the nodes: paste readme_tables.readme_tables()"
     )
@@ -25,8 +25,8 @@ def test_readme_node_tables_are_the_schemas(comfy) -> None:
 
 def test_readme_tables_show_the_schema_defaults(comfy) -> None:
     """The rendering itself: each numeric input's row carries its schema default."""
-    nodes = pack_module("nodes.toma_nodes")
-    tables = pack_module("nodes.readme_tables").readme_tables()
+    nodes = pack_module("nodes.node.toma_nodes")
+    tables = pack_module("nodes.node.readme_tables").readme_tables()
     for node in nodes.NODES:
         for widget in node.define_schema().inputs:
             default = getattr(widget, "default", None)
@@ -37,7 +37,7 @@ def test_readme_tables_show_the_schema_defaults(comfy) -> None:
 def test_troubleshooting_names_no_default_by_value(comfy) -> None:
     """A default quoted as a number in Troubleshooting goes stale when the default moves: an input's
     mention followed in the same clause by its default value, or the word 'default' followed by a number."""
-    nodes = pack_module("nodes.toma_nodes")
+    nodes = pack_module("nodes.node.toma_nodes")
     section = _section(README.read_text(encoding="utf-8"), "## Troubleshooting")
     defaults = {
         w.id: f"{w.default:g}" for node in nodes.NODES for w in node.define_schema().inputs

@@ -1,4 +1,4 @@
-"""ToMA's runtime leaves nothing behind (nodes/runtime.py `live_state`): two samplers in two threads
+"""ToMA's runtime leaves nothing behind (nodes/run/runtime.py `live_state`): two samplers in two threads
 at once each merge with their own settings, and a run stopped by an interrupt or by an exception
 inside a block ends with no open run, no open model call and no fallback context.
 
