@@ -78,7 +78,7 @@ def rows(names: list[str], starts: list[float], step_counts: list[int | None], c
            "predicted speed-up | run line warns |", "|---|---|---:|---:|---|---:|---:|---|"]
     for name in names:
         fam = rs.family(name)
-        resolution = "720p" if fam.video else "1024"
+        resolution = fam.resolution
         try:
             cost = model.fit_family(name, cache)
         except ValueError:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.families:
             fam = rs.family(name)
             for steps in args.steps or [None]:
-                run = window_run(name, "720p" if fam.video else "1024", starts[0], steps)
+                run = window_run(name, fam.resolution, starts[0], steps)
                 print(f"{fam.title}, {run.steps} steps: sigmas " + ", ".join(f"{s:.3f}" for s in run.sigmas))
     return 0
 

@@ -6,7 +6,8 @@
     python -m bench.speed.realsize predict --family wan14b --resolution 720p --frames 81 --steps 30 --sampler euler
 
 Families: Flux.1-dev, SDXL, SD1.5, SD3.5 Large, Qwen-Image, Wan 2.1 14B / 1.3B, HunyuanVideo; on ComfyUI 0.33
-Flux.2-dev, Flux.2 Klein 4B / 9B, Z-Image (Turbo), HunyuanVideo 1.5, LongCat-Image
+Flux.2-dev, Flux.2 Klein 4B / 9B, Z-Image (Turbo), HunyuanVideo 1.5, LongCat-Image, Kandinsky 5 Video Lite / Pro
+and Image Lite
 (realsize_setup.FAMILIES). A prediction combines (a) block times measured at the real width
 (realsize_measure: the real ComfyUI class with one or two blocks of each kind, random weights,
 merged through the pack's own hooks and unmerged, in turns), fitted per kind as a + b L + heads
@@ -49,6 +50,9 @@ PROBES: dict[str, list[tuple[rs.Grid, int]]] = {
     "flux2_klein9b": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
     "zimage": [(rs.Grid(16, 16), 1), (rs.Grid(32, 32), 1)],
     "hunyuan_video15": [(rs.Grid(16, 16, 2), 1), (rs.Grid(16, 16, 4), 1)],
+    "kandinsky5_lite": [(rs.Grid(16, 16, 2), 2), (rs.Grid(16, 16, 4), 2), (rs.Grid(32, 32, 4), 2)],
+    "kandinsky5_pro": [(rs.Grid(16, 16, 2), 2), (rs.Grid(16, 16, 4), 2)],
+    "kandinsky5_image": [(rs.Grid(16, 16), 2), (rs.Grid(32, 32), 2)],
 }
 """Token grids (and rounds) each family is timed on: the real token count where one call fits the
 CPU budget (Flux.1-dev and SDXL at 1024 px), smaller grids at the real width elsewhere (the fits).

@@ -68,8 +68,8 @@ def build_reduced(name: str, device: str, dtype: torch.dtype = torch.float32, ov
     return comfy.model_patcher.ModelPatcher(model, load_device=dev, offload_device=dev)
 
 
-TEXT_DIM_KEYS = ("context_in_dim", "context_dim", "cap_feat_dim", "text_dim", "joint_attention_dim")
-"""Config keys holding the text encoder's width (Flux, UNet, Lumina2 / Z-Image, Wan, Qwen-Image)."""
+TEXT_DIM_KEYS = ("context_in_dim", "context_dim", "cap_feat_dim", "text_dim", "joint_attention_dim", "in_text_dim")
+"""Config keys holding the text encoder's width (Flux, UNet, Lumina2 / Z-Image, Wan, Qwen-Image, Kandinsky 5)."""
 
 
 def conditioning(name: str, batch: int, device: str, dtype: torch.dtype, text_dim: int | None = None) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def conditioning(name: str, batch: int, device: str, dtype: torch.dtype, text_di
     dims = {"sdxl": 2048, "sd15": 768, "sd35_large": 4096, "qwen_image": 3584}
     width = text_dim or dims.get(name) or next(fam.unet_config[k] for k in TEXT_DIM_KEYS if k in fam.unet_config)
     out = {"c_crossattn": torch.randn((batch, fam.text_len, width), generator=gen)}
-    pooled = {"sdxl": 2816, "sd35_large": 2048}.get(name) or fam.unet_config.get("vec_in_dim")
+    pooled = {"sdxl": 2816, "sd35_large": 2048}.get(name) or fam.unet_config.get("vec_in_dim") or fam.unet_config.get("in_text_dim2")
     if pooled:
         out["y"] = torch.randn((batch, pooled), generator=gen)
     if fam.unet_config.get("guidance_embed"):
@@ -109,6 +109,17 @@ def latent(name: str, grid: rs.Grid, batch: int, device: str) -> torch.Tensor:
     else:
         shape = (batch, channels, patch * grid.height, patch * grid.width)
     return torch.randn(shape, generator=gen).to(device)
+
+
+def concat(name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The concat conditioning a call on latent x (B, C, F, H, W) takes: Kandinsky 5 video's image and
+    mask channels (zeros, as comfy.model_base.Kandinsky5.concat_cond gives text-to-video), up to
+    visual_embed_dim / the patch's volume; nothing for the other families."""
+    config = rs.family(name).unet_config
+    if config.get("image_model") != "kandinsky5" or x.ndim != 5:
+        return {}
+    extra = config["visual_embed_dim"] // 4 - x.shape[1]  # the (1, 2, 2) patch
+    return {"c_concat": torch.zeros((x.shape[0], extra, *x.shape[2:]), device=x.device, dtype=x.dtype)} if extra > 0 else {}
 
 
 # ------------------------------------------------------------------------------ block timers
@@ -141,7 +152,8 @@ class BlockTimer:
         return timed
 
     def wrap_layer(self, kind: str, fn: Callable) -> Callable:
-        """A layer forward whose first argument is the whole sequence x (B, L, C) (Lumina2 / Z-Image)."""
+        """A layer forward whose first argument is the whole sequence x (B, L, C) (Lumina2 / Z-Image; Kandinsky
+        5's visual tokens)."""
         def timed(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             start = self.clock.now()
             out = fn(x, *args, **kwargs)
@@ -171,16 +183,17 @@ def install_timers(patcher: Any, name: str, timer: BlockTimer) -> None:
 
             patcher.object_patches[key] = timer.wrap_forward(kind, inner)
         return
-    if fam.unet_config.get("image_model") == "lumina2":  # lumina2.apply object-patches each main layer's forward
+    stream = {"lumina2": "layers", "kandinsky5": "visual_transformer_blocks"}.get(fam.unet_config.get("image_model", ""))
+    if stream is not None:  # lumina2.apply / kandinsky5.apply object-patch each block's forward (x first: (B, L, C))
         hooks = rs.pack_module("nodes.machinery.hooks")
-        for i, layer in enumerate(dm.layers):
-            key = hooks.forward_patch_key(f"layers.{i}")
+        for i, layer in enumerate(getattr(dm, stream)):
+            key = hooks.forward_patch_key(f"{stream}.{i}")
             inner = patcher.object_patches.get(key) or layer.forward
             patcher.object_patches[key] = timer.wrap_layer("double", inner)
         return
     options = patcher.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
-    length = _image_length if rs.family(name).name.startswith("wan") else _sequence_length
+    length = _image_length if fam.cross_text else _sequence_length
     index = 0
     for kind, count in rs.dit_kinds(name, reduced=True).items():
         for i in range(count):
@@ -268,7 +281,8 @@ def plan_ms(tokens: rs.Grid, channels: int, ratio: float, tile_size: int, clock:
 
 def width_of(name: str) -> int:
     c = rs.family(name).unet_config
-    return int(c.get("hidden_size") or c.get("dim") or c.get("num_attention_heads", 0) * c.get("attention_head_dim", 0)
+    return int(c.get("hidden_size") or c.get("dim") or c.get("model_dim")
+               or c.get("num_attention_heads", 0) * c.get("attention_head_dim", 0)
                or 64 * c.get("depth", 0))
 
 
@@ -294,10 +308,11 @@ def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds:
     warm = latent(name, min(grids, key=lambda g: g.tokens), 1, device)
     for patcher in (plain, merged):  # untimed: the first call of a model pays allocations
         comfy.model_management.load_models_gpu([patcher])
-        sampler_call(patcher, warm, cond)()
+        sampler_call(patcher, warm, cond | concat(name, warm))()
     for grid in grids:
         x = latent(name, grid, 1, device)
-        calls = {"unmerged": (plain, sampler_call(plain, x, cond)), "merged": (merged, sampler_call(merged, x, cond))}
+        grid_cond = cond | concat(name, x)
+        calls = {"unmerged": (plain, sampler_call(plain, x, grid_cond)), "merged": (merged, sampler_call(merged, x, grid_cond))}
         plans = {}
         for r in range(rounds):
             rec: dict[str, Any] = {"family": name, "grid": [grid.frames, grid.height, grid.width], "tokens": grid.tokens,

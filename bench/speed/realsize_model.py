@@ -7,8 +7,8 @@ real width:
     attn(L)     = alpha L^2 + beta L               one SDPA head of the block's head_dim (measured)
     merged(N)   = t(L(D)) + o N                    the block on D kept tokens + merge/unmerge
 
-L is what the block attends over (text + image tokens for joint blocks; image tokens for Wan and
-UNet self-attention: their cross-attention is linear in N and sits in b). a, b come from the
+L is what the block attends over (text + image tokens for joint blocks; image tokens for Wan, Kandinsky 5
+and UNet self-attention: their cross-attention is linear in N and sits in b). a, b come from the
 unmerged probes (least squares, after the attention term); o (ms per image token) from the merged
 probes, after the block's own curve at D and the plan: the sum of those residuals over the summed
 N (so the largest probes weigh most), and never below 0 (a negative residual is the curve's own
@@ -47,6 +47,9 @@ HEADS: dict[str, dict[str, tuple[int, int]]] = {
     "qwen_image": {"double": (24, 128)},
     "wan14b": {"double": (40, 128)},
     "wan1.3b": {"double": (12, 128)},
+    "kandinsky5_lite": {"double": (28, 64)},
+    "kandinsky5_pro": {"double": (32, 128)},
+    "kandinsky5_image": {"double": (20, 128)},
 }
 """(heads, head_dim) of each block kind's self-attention."""
 
@@ -83,7 +86,7 @@ class Setting:
 
 def joint(name: str, kind: str) -> bool:
     """Whether a kind attends over text + image tokens (its L includes T)."""
-    return not (rs.family(name).unet or name.startswith("wan")) and kind != "single"
+    return not (rs.family(name).unet or rs.family(name).cross_text) and kind != "single"
 
 
 def attention_fit(points: list[dict[str, Any]], head_dim: int) -> tuple[float, float]:

@@ -57,6 +57,7 @@ class RealFamily:
     video: tokens have a frame axis (latent frames = (frames - 1) // 4 + 1); frames: the usual
     frame count. probes: another family whose timed blocks are the same classes at the same width
     (its probes price this one). template: the ComfyUI workflow template the usual run is read from.
+    size: the RESOLUTIONS label of the usual run (None: 720p for video, 1024 for images).
     scheduler "flux2" is the Flux2Scheduler node (comfy_extras.nodes_flux: its own shift from the
     image size and step count), as ComfyUI 0.33's Flux.2 templates wire it.
     """
@@ -76,6 +77,17 @@ class RealFamily:
     probes: str | None = None
     frames: int = 81
     template: str = ""
+    size: str | None = None
+
+    @property
+    def resolution(self) -> str:
+        """The RESOLUTIONS label of the usual run."""
+        return self.size or ("720p" if self.video else "1024")
+
+    @property
+    def cross_text(self) -> bool:
+        """Text enters by cross-attention (Wan, Kandinsky 5): a block attends over image tokens only."""
+        return self.name.startswith(("wan", "kandinsky5"))
 
     @property
     def probed(self) -> str:
@@ -141,6 +153,18 @@ _LONGCAT = _FLUX | {"depth": 10, "depth_single_blocks": 20, "context_in_dim": 35
                     "txt_ids_dims": [1, 2]}
 """LongCat-Image: Flux.1's block classes at hidden 3072 (10 double + 20 single), Qwen2.5-VL text, no pooled
 vector or guidance (comfy.supported_models.LongCatImage)."""
+_KANDINSKY5 = {"image_model": "kandinsky5", "model_dim": 1792, "ff_dim": 7168, "time_dim": 512, "axes_dims": (16, 24, 24),
+               "visual_embed_dim": 132, "num_text_blocks": 2, "num_visual_blocks": 32, "in_text_dim": 3584, "in_text_dim2": 768}
+_KANDINSKY5_PRO = _KANDINSKY5 | {"model_dim": 4096, "ff_dim": 16384, "time_dim": 1024, "axes_dims": (32, 48, 48),
+                                 "num_text_blocks": 4, "num_visual_blocks": 60}
+_KANDINSKY5_IMAGE = _KANDINSKY5 | {"model_dim": 2560, "ff_dim": 10240, "axes_dims": (32, 48, 48), "rope_scale_factor": (1.0, 1.0, 1.0),
+                                   "visual_embed_dim": 64, "num_visual_blocks": 50}
+"""Kandinsky 5 as comfy.model_detection's kandinsky5 branch reads it: Video Lite (model_dim 1792, head
+dim sum(axes_dims) = 64: 28 heads), Video Pro (4096, 32 heads of 128; time_dim 1024 is read from the
+checkpoint), Image Lite (2560, 20 heads of 128, rope scale 1). The video models take 16 latent channels
+plus 17 concat channels (image and mask, comfy.model_base.Kandinsky5.concat_cond): 132 = 33 x 2 x 2
+patch features; Image Lite the 16 channels alone. Text (Qwen2.5-VL 3584, pooled CLIP-L 768) is
+cross-attention; the text blocks run on the text alone."""
 
 FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
     RealFamily("flux", "Flux.1-dev", "Flux", _FLUX, {"depth": 1, "depth_single_blocks": 1}, 256, 20, "euler", "simple", 1.0,
@@ -173,11 +197,20 @@ FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
                "euler", "simple", 1.0, video=True),
     RealFamily("hunyuan_video15", "HunyuanVideo 1.5", "HunyuanVideo15", _HUNYUAN15, {"depth": 1, "in_channels": 32}, 256, 20,
                "euler", "simple", 6.0, Sampling("sd3", 7.0), video=True, frames=121, template="video_hunyuan_video_1.5_720p_t2v"),
+    RealFamily("kandinsky5_lite", "Kandinsky 5 Video Lite", "Kandinsky5", _KANDINSKY5, {"num_visual_blocks": 1}, 128, 50,
+               "euler_ancestral", "beta", 5.0, Sampling("sd3", 5.0), video=True, frames=121, template="video_kandinsky5_t2v",
+               size="768x512"),
+    RealFamily("kandinsky5_pro", "Kandinsky 5 Video Pro", "Kandinsky5", _KANDINSKY5_PRO, {"num_visual_blocks": 1}, 128, 50,
+               "euler_ancestral", "beta", 5.0, Sampling("sd3", 5.0), video=True, frames=121,
+               template="as Video Lite's video_kandinsky5_t2v", size="768x512"),
+    RealFamily("kandinsky5_image", "Kandinsky 5 Image Lite", "Kandinsky5Image", _KANDINSKY5_IMAGE, {"num_visual_blocks": 1}, 128,
+               50, "euler", "simple", 3.5, Sampling("sd3", 3.0), template="image_kandinsky5_t2i"),
 )}
 
 RESOLUTIONS: dict[str, tuple[int, int]] = {"256": (256, 256), "384": (384, 384), "512": (512, 512), "768": (768, 768), "1024": (1024, 1024), "2048": (2048, 2048),
-                                           "480p": (832, 480), "720p": (1280, 720)}
-"""Labels -> (width, height) in pixels. 480p / 720p are Wan's 832 x 480 and 1280 x 720."""
+                                           "480p": (832, 480), "720p": (1280, 720), "768x512": (768, 512)}
+"""Labels -> (width, height) in pixels. 480p / 720p are Wan's 832 x 480 and 1280 x 720; 768x512 is the
+Kandinsky 5 video templates' size."""
 
 
 def family(name: str) -> RealFamily:
@@ -258,6 +291,8 @@ def dit_kinds(name: str, reduced: bool = False) -> dict[str, int]:
         return {"double": len(dm.layers)}
     if hasattr(dm, "transformer_blocks"):
         return {"double": len(dm.transformer_blocks)}
+    if hasattr(dm, "visual_transformer_blocks"):  # Kandinsky 5: the text blocks run on text alone, never merged
+        return {"double": len(dm.visual_transformer_blocks)}
     return {"double": len(dm.blocks)}
 
 
@@ -277,7 +312,7 @@ def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[
         total = kinds["joint"] + 1
         chosen = parse(blocks, {"double": total})
         return [BlockSite("joint" if i < total - 1 else "joint_last", chosen.selects("double", i)) for i in range(total)]
-    if fam.name.startswith("wan"):
+    if fam.cross_text:  # Wan's and Kandinsky 5's adapters name one stream "blocks"
         chosen = parse(blocks, {"blocks": kinds["double"]})
         return [BlockSite("double", chosen.selects("blocks", i)) for i in range(kinds["double"])]
     chosen = parse(blocks, kinds)

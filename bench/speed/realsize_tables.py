@@ -18,7 +18,10 @@ def settings_from(path: Path | None) -> list[model.Setting]:
 
 
 def resolutions_of(name: str) -> list[str]:
-    return ["480p", "720p"] if rs.family(name).video else ["1024", "2048"]
+    """The family's usual size (its template's) and a larger one: 480p / 720p for video, 1024 / 2048 px for images."""
+    fam = rs.family(name)
+    usual = ["480p", "720p"] if fam.video else ["1024", "2048"]
+    return usual if fam.resolution in usual else [fam.resolution, usual[-1]]
 
 
 def run_text(name: str, resolution: str) -> str:

@@ -108,3 +108,46 @@ def test_a_probed_size_predicts_its_measured_merged_blocks(comfy: Path) -> None:
                 measured.setdefault((kind, n), []).append(residual)
             for (kind, n), residuals in measured.items():
                 assert cost.curves[kind].merge_correction(n) == pytest.approx(sum(residuals) / len(residuals)), (name, kind, n)
+
+
+KANDINSKY5 = [("kandinsky5_lite", 32), ("kandinsky5_pro", 60), ("kandinsky5_image", 50)]
+TOY_KANDINSKY5 = {"model_dim": 64, "ff_dim": 128, "time_dim": 32, "axes_dims": (4, 6, 6), "in_text_dim": 32}
+"""A toy width for Kandinsky 5's probe (4 heads of 16; the pooled CLIP-L width stays 768)."""
+
+
+def require_class(name: str) -> None:
+    import comfy.supported_models
+
+    config_class = rs.family(name).config_class
+    if not hasattr(comfy.supported_models, config_class):
+        pytest.skip(f"this ComfyUI has no comfy.supported_models.{config_class} (it came after ComfyUI 0.3.64)")
+
+
+@pytest.mark.parametrize("name, visual", KANDINSKY5)
+def test_kandinsky5_prices_its_visual_blocks_on_image_tokens_alone(comfy: Path, name: str, visual: int) -> None:
+    """The block list is the real class's visual blocks, selected as the adapter selects them; a block's
+    L is the image tokens (text is cross-attention); heads x head_dim is the model width."""
+    require_class(name)
+    dm = rs.meta_patcher(name).get_model_object("diffusion_model")
+    sites = rs.block_sites(name, "auto")
+    chosen = rs.pack_module("nodes.machinery.dit_blocks").parse_dit_blocks("auto", {"blocks": visual})
+    assert len(sites) == len(dm.visual_transformer_blocks) == visual
+    assert [s.selected for s in sites] == [chosen.selects("blocks", i) for i in range(visual)]
+    heads, head_dim = model.HEADS[name]["double"]
+    attention = dm.visual_transformer_blocks[0].self_attention
+    assert (heads, head_dim) == (attention.num_heads, attention.head_dim) and heads * head_dim == dm.model_dim
+    assert model.block_length(name, "double", 1000) == 1000
+
+
+@pytest.mark.parametrize("name, grid", [("kandinsky5_lite", rs.Grid(4, 6, 3)), ("kandinsky5_image", rs.Grid(4, 6))])
+def test_kandinsky5_probe_times_every_visual_block_merged_and_unmerged(comfy: Path, name: str, grid: rs.Grid) -> None:
+    """A toy-width probe (the real class, the video model's concat channels) records each visual block
+    of the reduced model once per call, at the call's image tokens, through the pack's hook when merged."""
+    from bench.speed import realsize_measure as measure
+
+    require_class(name)
+    records = measure.probe(name, [grid], 0.5, 2, 1, "cpu", log=lambda _: None, overrides=TOY_KANDINSKY5)
+    blocks = rs.dit_kinds(name, reduced=True)["double"]
+    for label in ("unmerged", "merged"):
+        assert [(kind, n) for kind, n, _ in records[0][label]["blocks"]] == [("double", grid.tokens)] * blocks
+    assert list(records[0]["plan_ms"]) == [str(grid.tokens)]
