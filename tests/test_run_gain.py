@@ -115,7 +115,7 @@ def test_slower_merged_calls_warn_and_name_the_widget(caplog, min_tokens, widget
     state = state_of(schedule=core.MergeSchedule(0.0, 0.5), min_tokens=min_tokens)
     state.timer = timing.CallTimer(clock)
     sample(state, clock, merged_s=3.0, unmerged_s=2.0)
-    with caplog.at_level(logging.WARNING, logger=f"{PACK_NAME}.nodes.call_timing"):
+    with caplog.at_level(logging.WARNING, logger=f"{PACK_NAME}.nodes.run.call_timing"):
         timing.warn_if_slower(gain_of(state), min_tokens)
         timing.warn_if_slower(timing.Gain(1.2, 1.1, True, (2, 64, 5)), min_tokens)  # faster: no warning
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

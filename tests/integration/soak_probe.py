@@ -26,8 +26,8 @@ NODE_CLASS_MAPPINGS: dict = {}
 
 
 def _runtime():
-    """The pack's nodes.run.runtime module as ComfyUI imported it ("ComfyUI-ToMA.nodes.runtime")."""
-    return next(module for name, module in sys.modules.items() if name.endswith(".nodes.runtime") and hasattr(module, "live_state"))
+    """The pack's nodes.run.runtime module as ComfyUI imported it ("ComfyUI-ToMA.nodes.run.runtime")."""
+    return next(module for name, module in sys.modules.items() if name.endswith(".nodes.run.runtime") and hasattr(module, "live_state"))
 
 
 @PromptServer.instance.routes.get("/toma_soak/state")
