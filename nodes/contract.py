@@ -62,7 +62,7 @@ class Unmerged:
     layout: the block's inputs are not laid out as its adapter relies on (where the image span is,
     a per-token table's shape, a keyword the layer receives, a modulation span): ComfyUI changed
     under the pack. Besides the count, such a reason is warned about once, naming the ComfyUI
-    version (skeleton.run_hook).
+    version (machinery/runner.py run_hook).
     """
 
     reason: str | None

@@ -11,7 +11,7 @@ Text tokens and Kontext reference tokens pass through untouched, with their pe r
 tokens take their destination's pe rows (plan.take on the pe token axis). Every hook returns N
 image tokens, so ControlNet residuals and step caches keep working. The hooks only say where the
 image tokens and per-token tables are (`double_span`, `single_span`); the merged run is the one
-every DiT family shares (machinery/dit_runner.py): the plan is built by the first merged block of
+every DiT family shares (machinery/runner.py): the plan is built by the first merged block of
 a forward from a parameter-free LayerNorm of its image tokens and reused by the other blocks. All
 per-step decisions are made eagerly in wrappers.apply_model_wrapper; the hooks only read the
 CallContext.
@@ -42,11 +42,10 @@ import torch
 from ...toma_core import MergePlan
 from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, image_plan, merged_dit_block
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
 from ..machinery.merge import add_key_bias, merge_mask
-from ..machinery.skeleton import run_hook
+from ..machinery.runner import ImageSpan, Rows, image_plan, merged_dit_block, run_hook
 from ..machinery.spans import RowMove, moved_keyword, span_forward, with_move
 from ..run.runtime import CallContext
 from ..settings import ToMASettings

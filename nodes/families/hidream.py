@@ -25,11 +25,10 @@ import torch
 
 from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, run_merged
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_forward_patches, module_forward
+from ..machinery.runner import ImageSpan, Rows, run_hook, run_merged
 from ..machinery.scope import require_block_scope
-from ..machinery.skeleton import run_hook
 from ..run.runtime import CallContext
 from ..settings import ToMASettings
 

@@ -40,9 +40,9 @@ from ...toma_core import MergePlan
 from ...toma_core.video import Segment
 from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_flux_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter, text_length
 from ..machinery.hooks import install_dit_hooks
+from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, moved_spans
 from ..run.runtime import CallContext

@@ -32,11 +32,10 @@ import torch
 from ...toma_core.video import Segment, frame_runs
 from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_dit_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, run_merged
 from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_forward_patches, module_forward
+from ..machinery.runner import ImageSpan, Rows, run_hook, run_merged
 from ..machinery.scope import require_block_scope
-from ..machinery.skeleton import run_hook
 from ..run.runtime import CallContext
 from ..settings import ToMASettings
 

@@ -40,11 +40,10 @@ import torch
 
 from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, run_merged
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_forward_patches, module_forward
+from ..machinery.runner import ImageSpan, Rows, run_hook, run_merged
 from ..machinery.scope import require_block_scope
-from ..machinery.skeleton import run_hook
 from ..machinery.spans import RowMove, moved_spans
 from ..run.runtime import CallContext
 from ..settings import ToMASettings

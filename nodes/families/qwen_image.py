@@ -41,9 +41,9 @@ from ...toma_core import MergePlan
 from ...toma_core.video import Segment
 from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
+from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, SpansCut, span_forward, with_move
 from ..run.runtime import CallContext

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_dit_blocks
-from ..machinery.dit_runner import ImageSpan, merged_dit_block
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks
+from ..machinery.runner import ImageSpan, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
 from ..settings import ToMASettings

@@ -36,8 +36,8 @@ import torch
 from ..contract import CallGeometry, Unmerged
 from ..machinery.geometry import text_length
 from ..machinery.hooks import TOMA_MARK, install_forward_patches
+from ..machinery.runner import run_hook
 from ..machinery.scope import refuse_proportional_attention
-from ..machinery.skeleton import run_hook
 from ..run.runtime import CallContext
 from ..settings import ToMASettings
 from .unet_attention import (

@@ -13,8 +13,8 @@ import torch
 
 from ...toma_core import MergePlan
 from ..machinery.hooks import is_toma, mark
-from ..run.call_args import transformer_options_of
 from ..run.runtime import find_call
+from ..run.wrappers import transformer_options_of
 from ..settings import TOMA_KEY
 from .unet_blocks import BlockId
 from .unet_sites import level_plan, level_veto
@@ -42,7 +42,7 @@ def expose_attention_replace(executor, *args, **kwargs):
     """APPLY_MODEL wrapper: copy the call's attn1/attn2 replace dicts to transformer_options[REPLACE_KEY]
     (eagerly, outside the diffusion model), so the attention patches can leave those blocks alone.
 
-    args: apply_model's (see call_args.py).
+    args: apply_model's (see run/wrappers.py transformer_options_of).
     """
     args = list(args)
     options, put_back = transformer_options_of(args, kwargs)

@@ -39,9 +39,9 @@ import torch
 from ...toma_core.video import Segment, SegmentPlan, frame_runs
 from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import DitBlocks, parse_dit_blocks
-from ..machinery.dit_runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_dit_hooks
+from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
 from ..settings import ToMASettings

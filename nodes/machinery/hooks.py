@@ -1,4 +1,4 @@
-"""How a family's hooks get onto a ModelPatcher clone (what they run: skeleton.py).
+"""How a family's hooks get onto a ModelPatcher clone (what they run: runner.py).
 
 Two mechanisms, one per kind of host:
 - `patches_replace["dit"]` keys (Flux, Chroma, Qwen-Image, SD3, HunyuanVideo): `install_dit_hooks`

@@ -14,13 +14,13 @@ per-call state of runtime.py.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
 from ...toma_core import StepDecision
 from ..contract import CallGeometry
 from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
-from .call_args import transformer_options_of
 from .call_timing import measure_gain, warn_if_slower
 from .report import TOMA_RUN, bypassed, run_record, schedule_warning
 from .runtime import (
@@ -112,6 +112,23 @@ def apply_model_wrapper(executor, *args, **kwargs):
     g = ctx.geometry
     state.timer.stop(start, (ctx.batch, g.tokens, (g.text_len or 0) + g.extra_tokens), merged)
     return out
+
+
+# BaseModel.apply_model's arguments as an APPLY_MODEL wrapper receives them: (x, t, c_concat,
+# c_crossattn, control, transformer_options, **extra conds), transformer_options positional
+# (comfy.model_base.BaseModel.apply_model) or a keyword.
+OPTIONS_INDEX = 5
+"""Position of transformer_options among apply_model's arguments."""
+
+
+def transformer_options_of(args: list, kwargs: dict) -> tuple[dict | None, Callable[[dict], None]]:
+    """The call's transformer_options (None when it has none) and a function that puts a
+    replacement in its place (in `args`, a list, or `kwargs`)."""
+    if "transformer_options" in kwargs:
+        return kwargs["transformer_options"], lambda new: kwargs.__setitem__("transformer_options", new)
+    if len(args) > OPTIONS_INDEX:
+        return args[OPTIONS_INDEX], lambda new: args.__setitem__(OPTIONS_INDEX, new)
+    return None, lambda new: kwargs.__setitem__("transformer_options", new)
 
 
 IDLE_CALL = "with no block run (skipped by a step cache, or bypassed)"

@@ -1,6 +1,14 @@
-"""A merged run of one block whose image tokens are a span of one argument, for the DiT families:
-Qwen-Image and SD3 double blocks (image stream `img` = [image; references] beside the text stream
-`txt`), HunyuanVideo's double and single blocks, Wan's blocks, Lumina2's layers, HiDream's and Kandinsky 5's blocks.
+"""How a block hook runs, for every family: the one skeleton every hook runs (`run_hook`) and the
+merged run of a block whose image tokens are a span of one argument (`run_merged`, `merged_dit_block`).
+
+`run_hook`: find the running call's CallContext (none: the run counts as an orphan and the block runs
+as it is), run the block as it is when the call does not merge, else let the family merge it; then
+record the block run, merged or unmerged with its reason. A family supplies `merged(ctx)`, which
+returns the block's result on merged tokens or an `Unmerged`.
+
+`run_merged` is that `merged` for the DiT families (Flux double / single blocks, Qwen-Image and SD3
+double blocks (image stream `img` = [image; references] beside the text stream `txt`), HunyuanVideo's
+double and single blocks, Wan's blocks, Lumina2's layers, HiDream's and Kandinsky 5's blocks):
 
     x = seq[:, start:start+N]                  the main image grid (B, N, C)
     block(seq with M x in place of x, every per-token table gathered to the destinations)
@@ -9,12 +17,14 @@ Qwen-Image and SD3 double blocks (image stream `img` = [image; references] besid
 A family says where its image tokens are (`ImageSpan`: their start in the sequence, the frame
 segments of a video grid) and where its per-token tables are (`Rows`: which argument, its token
 axis, where the image rows start in it and whether it is a key mask, whose last axis only is per
-token); `run_merged` does the rest. A table of an unexpected shape runs the block unmerged,
-counted with the reason.
+token); `run_merged` does the rest, with the call's plan from the one plan builder
+(run/runtime.py CallContext.plan). A table of an unexpected shape runs the block unmerged, counted
+with the reason.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -24,11 +34,67 @@ import torch
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment
 from ..contract import Unmerged, layout_changed
-from ..run.runtime import CallContext
+from ..run.runtime import CallContext, compiling, find_call, note_orphan
 from .hooks import MergedBlock
 from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
-from .skeleton import run_hook
 from .spans import unless_cut
+
+log = logging.getLogger(__name__)
+
+_WARNED: set[tuple[str, str]] = set()
+"""(family, reason) of the layout changes already warned about in this process."""
+
+R = TypeVar("R")
+
+
+def block_context(args: dict, extra: dict | None = None) -> CallContext | None:
+    """The running call's CallContext for a block hook; a hook without one is counted as orphan
+    (it runs unmerged). transformer_options may be missing from args: a forward loop that calls the
+    blocks itself (TeaCache-style) passes none, and runtime.find_call falls back to the active call."""
+    ctx = find_call(args, extra)
+    if ctx is None:
+        note_orphan("no ToMA call context")
+    return ctx
+
+
+def run_hook(args: dict, extra: dict | None, plain: Callable[[], R], merged: Callable[[CallContext], R | Unmerged]) -> R:
+    """One block run: plain() (the block as it is) unless the call merges and merged(ctx) returns
+    the result on merged tokens; args / extra hold the block's transformer_options (see block_context).
+    A merged run is recorded as merged, an Unmerged with a reason as unmerged under it."""
+    ctx = block_context(args, extra)
+    if ctx is None or not ctx.merge:
+        return plain()
+    out = merged(ctx)
+    if isinstance(out, Unmerged):
+        if out.reason is not None:
+            ctx.record_block(False, out.reason)
+        if out.layout:
+            warn_layout(ctx.state.config.adapter.family, out.reason or "")
+        return plain()
+    ctx.record_block(True)
+    return out
+
+
+
+def warn_layout(family: str, reason: str) -> None:
+    """Warn once per process and reason that a block's inputs broke its adapter's layout check, naming
+    the running ComfyUI's version (the block ran unmerged; the run line counts it)."""
+    if compiling() or (family, reason) in _WARNED:
+        return
+    _WARNED.add((family, reason))
+    log.warning(
+        "ToMA [%s]: on ComfyUI %s the blocks' inputs are not laid out as ToMA expects (%s): those blocks run "
+        "unmerged, nothing is merged wrongly. Please report it with your ComfyUI version.", family, comfyui_version(), reason,
+    )
+
+
+def comfyui_version() -> str:
+    """The running ComfyUI's version (ComfyUI's own comfyui_version module), or "unknown"."""
+    try:
+        from comfyui_version import __version__
+    except ImportError:
+        return "unknown"
+    return str(__version__)
 
 
 @dataclass(frozen=True)
@@ -87,14 +153,11 @@ def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: 
     return merged
 
 
-R = TypeVar("R")
-
-
 def run_merged(
     ctx: CallContext, slot: str, seq: torch.Tensor, span: ImageSpan, args: dict, call: Callable[[torch.Tensor, dict], R],
     output: Callable[[R], torch.Tensor], rebuild: Callable[[R, torch.Tensor], R],
 ) -> R | Unmerged:
-    """Run a block on merged image tokens (the `merged` of skeleton.run_hook).
+    """Run a block on merged image tokens (the `merged` of run_hook).
 
     seq (B, L_seq, C) holds the image tokens where `span` says; args holds the per-token tables.
     call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
