@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from bench.harness.metrics import relative_error as rel
@@ -156,3 +157,10 @@ def check_passthrough_rows(
     for p_t, m_t in zip(plain[first], merged[first]):
         for p_start, m_start, count in spans:
             torch.testing.assert_close(m_t[:, m_start:m_start + count], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
+
+
+def require(model: Any, name: str) -> Any:
+    """`model`, or skip naming the `comfy.supported_models` class this ComfyUI lacks (one newer than 0.3.64)."""
+    if model is None:
+        pytest.skip(f"this ComfyUI has no comfy.supported_models.{name} (it came after ComfyUI 0.3.64)")
+    return model

@@ -47,26 +47,20 @@ KLEIN = {
 heads of 128, double and single blocks, Qwen3 text features (3 layers of 2560 / 4096); no guidance embedding."""
 
 
-def require(model: Any, name: str) -> Any:
-    if model is None:
-        pytest.skip(f"this ComfyUI has no comfy.supported_models.{name} (it came after ComfyUI 0.3.64)")
-    return model
-
-
 @pytest.fixture(scope="module")
 def flux2(tiny: Any) -> Any:
-    return require(tiny_dits.build_flux2(seed=0), "Flux2")
+    return fc.require(tiny_dits.build_flux2(seed=0), "Flux2")
 
 
 @pytest.fixture(scope="module")
 def klein(tiny: Any) -> Any:
     """A tiny Flux.2 Klein: Flux.2 without the guidance embedding."""
-    return require(tiny_dits.build_flux2(seed=1, guidance_embed=False), "Flux2")
+    return fc.require(tiny_dits.build_flux2(seed=1, guidance_embed=False), "Flux2")
 
 
 @pytest.fixture(scope="module")
 def longcat(tiny: Any) -> Any:
-    return require(tiny_dits.build_longcat(seed=0), "LongCatImage")
+    return fc.require(tiny_dits.build_longcat(seed=0), "LongCatImage")
 
 
 def flux2_conditioning(method: str | None) -> tuple[list, list]:
@@ -162,7 +156,7 @@ def test_klein_blocks_on_the_meta_device(tiny: Any, toma: Any, size: str) -> Non
 
     from bench.speed import realsize_setup
 
-    require(getattr(comfy.supported_models, "Flux2", None), "Flux2")
+    fc.require(getattr(comfy.supported_models, "Flux2", None), "Flux2")
     config = tiny.tree_config(realsize_setup.family("flux2").unet_config | KLEIN[size] | {"guidance_embed": False})
     model_config = comfy.supported_models.Flux2(dict(config))
     model_config.unet_config.update(config)

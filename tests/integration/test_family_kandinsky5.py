@@ -32,20 +32,14 @@ TEXT = 12
 VISUAL_BLOCKS = 3
 
 
-def require(model: Any, name: str) -> Any:
-    if model is None:
-        pytest.skip(f"this ComfyUI has no comfy.supported_models.{name} (it came after ComfyUI 0.3.64)")
-    return model
-
-
 @pytest.fixture(scope="module")
 def video(tiny: Any) -> Any:
-    return require(tiny_dits.build_kandinsky5(seed=0), "Kandinsky5")
+    return fc.require(tiny_dits.build_kandinsky5(seed=0), "Kandinsky5")
 
 
 @pytest.fixture(scope="module")
 def image(tiny: Any) -> Any:
-    return require(tiny_dits.build_kandinsky5(seed=1, image=True), "Kandinsky5Image")
+    return fc.require(tiny_dits.build_kandinsky5(seed=1, image=True), "Kandinsky5Image")
 
 
 def conditioning() -> tuple[list, list]:
@@ -204,7 +198,7 @@ def test_real_block_counts_on_the_meta_device(tiny: Any, toma: Any, name: str, v
     import comfy.model_patcher
     import comfy.supported_models
 
-    cls = require(getattr(comfy.supported_models, "Kandinsky5Image" if name == "Image Lite" else "Kandinsky5", None), "Kandinsky5")
+    cls = fc.require(getattr(comfy.supported_models, "Kandinsky5Image" if name == "Image Lite" else "Kandinsky5", None), "Kandinsky5")
     config = tiny_dits.kandinsky5_config(name == "Image Lite", num_visual_blocks=visual_blocks)
     model = tiny.model_config(cls, config).get_model({}, device=torch.device("meta"))
     cpu = torch.device("cpu")
@@ -221,7 +215,7 @@ def test_real_size_cost_profile_counts_the_visual_blocks(tiny: Any, toma: Any) -
     import comfy.model_patcher
     import comfy.supported_models
 
-    cls = require(getattr(comfy.supported_models, "Kandinsky5", None), "Kandinsky5")
+    cls = fc.require(getattr(comfy.supported_models, "Kandinsky5", None), "Kandinsky5")
     config = tiny_dits.kandinsky5_config(model_dim=1792, ff_dim=7168, time_dim=512, axes_dims=(16, 24, 24), num_visual_blocks=32, num_text_blocks=2)
     model = tiny.model_config(cls, config).get_model({}, device=torch.device("meta"))
     cpu = torch.device("cpu")

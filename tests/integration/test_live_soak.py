@@ -467,6 +467,10 @@ class Soak:
         else:
             assert run.status == "success" and run.history.get("outputs"), f"{what}: {run.history.get('status')}\n{run.log[-3000:]}"
             self.figures.outcomes["finished before the cancel" if step.kind == "cancel" else step.kind] += 1
+        if cancelled_at is not None and len(lines) == len(ran) - 1 and len(ran) > 1:
+            # The interrupt reached ComfyUI after the sampler before finished and stopped the next one
+            # while it loaded its model, before its sampling run began: no run, so no run line.
+            ran, cancelled_at = ran[:-1], None
         assert len(lines) == len(ran), f"{what}: expected {len(ran)} ToMA run lines, got {lines}\n{run.log[-3000:]}"
         for line, sampler in zip(lines, ran):
             check_line(line, step.family, widgets, sampler_steps(prompt[sampler]), cancelled=sampler == cancelled_at)
