@@ -162,7 +162,7 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     settings = state.config.settings
     geometry = state.config.adapter.call_geometry(x, context, kwargs)
     decision = state.decide(options, t)
-    reason = _call_veto(state, settings, decision, geometry, x)
+    reason = call_veto(settings, decision, geometry, state.config.off_reason, lambda: _auto_veto(state, geometry, x))
     composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()))
     batch, epoch = int(x.shape[0]), decision.epoch if decision else None
     ctx = CallContext(
@@ -175,11 +175,19 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     return ctx
 
 
-def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry, x: torch.Tensor) -> str | None:
+def call_veto(
+    settings: ToMASettings, decision: StepDecision | None, geometry: CallGeometry, off_reason: str,
+    auto: Callable[[], str | None],
+) -> str | None:
+    """Why a model call runs unmerged, or None when it merges: the one decision of a call, a pure
+    function of its arguments. In order: outside a sampling run, settings that merge nothing
+    (`off_reason`), between merge steps, outside the sigma window (`decision`, the schedule's), a
+    token layout the family does not merge (`geometry.reason`), then the size: min_tokens "auto" asks
+    `auto()` (the measured stop, then the cost model: `_auto_veto`), a number compares the image tokens."""
     if decision is None:
         return "outside a sampling run"
     if settings.effective_ratio == 0:
-        return state.config.off_reason
+        return off_reason
     if decision.skipped:
         return f"between merge steps (merge_every={settings.schedule.merge_every})"
     if not decision.merge:
@@ -187,7 +195,7 @@ def _call_veto(state: RunState, settings: ToMASettings, decision: StepDecision |
     if geometry.reason is not None:
         return geometry.reason
     if settings.min_tokens == AUTO:
-        return _auto_veto(state, geometry, x)
+        return auto()
     if geometry.tokens < settings.min_tokens:
         return f"fewer than min_tokens={settings.min_tokens} image tokens"
     return None
