@@ -149,8 +149,8 @@ def merged_attention(args: dict, extra: dict, block: Block) -> dict:
         span = double_span(args, ctx)
         if isinstance(span, Unmerged):
             return span
-        text_len, n = span.tables[0].start, ctx.geometry.tokens
-        plan = image_plan(ctx, PLAN_SLOT, args["img"][:, :n])
+        text_len = args["txt"].shape[1]
+        plan = image_plan(ctx, PLAN_SLOT, args["img"][:, :ctx.geometry.tokens])
         mask = merged_mask(args, ctx, plan, text_len, span.length, args["img"].dtype)
         if isinstance(mask, Unmerged):
             return mask

@@ -75,7 +75,6 @@ def run_hook(args: dict, extra: dict | None, plain: Callable[[], R], merged: Cal
     return out
 
 
-
 def warn_layout(family: str, reason: str) -> None:
     """Warn once per process and reason that a block's inputs broke its adapter's layout check, naming
     the running ComfyUI's version (the block ran unmerged; the run line counts it)."""

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from .call_timing import Gain
+from .call_timing import MEASURED_GAIN, PREDICTED_GAIN, Gain, gain_text
 from .config import ToMAConfig
 
 if TYPE_CHECKING:
@@ -88,8 +88,8 @@ class RunGain:
         return cls(_stated(gain.call), _stated(gain.run), gain.measured)
 
     def text(self) -> str:
-        """The run line's last part, worded by call_timing.Gain.text (which does not read the key)."""
-        return Gain(self.call, self.run, self.measured, key=(0, 0, 0)).text()
+        """The run line's last part (call_timing.gain_text)."""
+        return gain_text(self.call, self.run, self.measured)
 
 
 @dataclass(frozen=True)
@@ -259,18 +259,15 @@ def _status(text: str) -> tuple[Status | None, int | None]:
 
 
 def _gain(text: str) -> RunGain | None:
-    """The gain part (call_timing.Gain.text's wording), None for another part."""
+    """The gain part (call_timing.MEASURED_GAIN or PREDICTED_GAIN), None for another part."""
     faster = r"(\d+\.\d\d)x (faster|slower)"
-    measured = re.fullmatch(rf"merged calls {faster} than unmerged ones; this run about {faster} than without ToMA \(predicted for all-unmerged\)", text)
-    predicted = re.fullmatch(
-        rf"merged calls predicted {faster} by the cost model \(no unmerged call of their size to measure\); "
-        rf"this run predicted about {faster} than without ToMA", text,
-    )
-    m = measured or predicted
-    if m is None:
-        return None
-    call, run = (float(m[i]) if m[i + 1] == "faster" else _slower(float(m[i])) for i in (1, 3))
-    return RunGain(call, run, measured=m is measured)
+    for wording in (MEASURED_GAIN, PREDICTED_GAIN):
+        pattern = re.escape(wording).replace(re.escape("{call}"), faster).replace(re.escape("{run}"), faster)
+        m = re.fullmatch(pattern, text)
+        if m is not None:
+            call, run = (float(m[i]) if m[i + 1] == "faster" else _slower(float(m[i])) for i in (1, 3))
+            return RunGain(call, run, measured=wording is MEASURED_GAIN)
+    return None
 
 
 def schedule_warning(settings: ToMASettings, stats: RunStats) -> str | None:
