@@ -10,5 +10,5 @@ below it (tests/test_import_graph.py checks it):
 
 and everything may use ../toma_core (the math, no ComfyUI). Loaded by ComfyUI as a subpackage of
 the pack folder, so every import in here is relative; modules that do not need ComfyUI (settings,
-block parsers) import without it, and tests and benches load them through bench/harness/pack.py.
+block parsers) import without it, and tests and benches load them through harness/pack.py.
 """

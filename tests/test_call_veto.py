@@ -4,7 +4,8 @@ its arguments alone; `auto` is asked only for a call every other rule lets merge
 from __future__ import annotations
 
 import pytest
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 wrappers = pack_module("nodes.run.wrappers")
 contract = pack_module("nodes.contract")

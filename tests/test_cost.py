@@ -4,7 +4,8 @@ move in (more tokens, wider blocks, fewer merged blocks, attention-only merging,
 from __future__ import annotations
 
 import pytest
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 cost = pack_module("toma_core.cost")
 

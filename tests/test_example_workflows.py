@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bench.harness.pack import pack_module
 from workflow_check import check_workflow, unconnected_required_inputs
+
+from harness.pack import pack_module
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "example_workflows"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.pack import PACK_ROOT, pack_module
+from harness.pack import PACK_ROOT, pack_module
 
 registry = pack_module("nodes.families.registry")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 merge = pack_module("nodes.machinery.merge")
 

@@ -7,7 +7,8 @@ import copy
 from dataclasses import dataclass
 
 import torch
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 contract = pack_module("nodes.contract")
 runtime = pack_module("nodes.run.runtime")

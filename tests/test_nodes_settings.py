@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 settings_mod = pack_module("nodes.settings")
 flux_blocks = pack_module("nodes.machinery.dit_blocks")

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergePlan, TiledMergePlan, make_plan
+from toma_core import (
+    BUDGETS,
+    SIMILARITIES,
+    UNMERGES,
+    MergePlan,
+    TiledMergePlan,
+    make_plan,
+)
 
 GRIDS = [(64, 48, 4), (37, 53, 4), (1, 100, 4), (3, 3, 4), (5, 7, 3), (16, 16, 8), (2, 9, 2)]
 

@@ -20,8 +20,16 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from bench.harness.pack import pack_module  # noqa: E402
-from toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule, SigmaWindow, TileGrid, make_plan  # noqa: E402
+from harness.pack import pack_module  # noqa: E402
+from toma_core import (  # noqa: E402
+    BUDGETS,
+    SIMILARITIES,
+    UNMERGES,
+    MergeSchedule,
+    SigmaWindow,
+    TileGrid,
+    make_plan,
+)
 from toma_core.video import Segment, frame_runs, make_video_plan  # noqa: E402
 
 dit_blocks = pack_module("nodes.machinery.dit_blocks")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import comfy_env
+from harness import comfy_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

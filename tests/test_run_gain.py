@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench.harness.pack import PACK_NAME, pack_module
+
+from harness.pack import PACK_NAME, pack_module
 
 runtime = pack_module("nodes.run.runtime")
 contract = pack_module("nodes.contract")

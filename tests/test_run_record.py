@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from bench.harness.pack import pack_module
+from harness.pack import pack_module
 
 report = pack_module("nodes.run.report")
 config_mod = pack_module("nodes.run.config")

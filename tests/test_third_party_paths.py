@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import third_party
+from harness import third_party
 
 
 def _comfy_tree(root: Path) -> Path:

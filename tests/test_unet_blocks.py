@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 unet_blocks = pack_module("nodes.families.unet_blocks")
 parse = unet_blocks.parse_unet_blocks

@@ -25,10 +25,12 @@ from pathlib import Path
 
 import torch
 
-from ..harness import metrics, timing
-from ..tokens import fidelity as fid
-from ..speed.bench_core import FluxWidthBlock
+from harness import metrics
 from toma_core import SIMILARITIES, make_plan
+
+from .. import timing
+from ..speed.bench_core import FluxWidthBlock
+from ..tokens import fidelity as fid
 
 
 class DemoError(Exception):

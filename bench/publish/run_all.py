@@ -225,7 +225,7 @@ def merge_defaults() -> dict:
     """The default similarity, tile size, temperature and budget of ToMASettings (nodes/settings.py),
     which the token section always measures; no ComfyUI needed (the node schemas' defaults, which
     need it, are ``quality_baseline.node_defaults``)."""
-    from ..harness.pack import pack_module
+    from harness.pack import pack_module
 
     s = pack_module("nodes.settings").ToMASettings()
     return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature, "budget": s.budget}
@@ -269,14 +269,14 @@ def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict
 
 def import_comfy(args: argparse.Namespace) -> str:
     """Import ComfyUI the way the benches do; returns its version, raises RuntimeError if unavailable."""
-    from ..harness import cli
+    from .. import cli
     from ..speed import bench_flux
 
     try:
         root = cli.import_comfy(bench_flux.parse_args(["--device", args.device]))
     except SystemExit as exc:
         raise RuntimeError(str(exc.code)) from None
-    from ..harness import comfy_env
+    from harness import comfy_env
 
     return comfy_env.comfy_version(root)
 

@@ -20,7 +20,7 @@ import json
 import logging
 from pathlib import Path
 
-from ..harness import trained, trained_video
+from harness import trained, trained_video
 
 log = logging.getLogger(__name__)
 

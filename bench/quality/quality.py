@@ -52,8 +52,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..harness import cli, metrics
-from ..harness.timing import CLOCKS
+from harness import metrics
+
+from .. import cli
+from ..timing import CLOCKS
 
 BENCH = Path(__file__).resolve().parents[1]
 
@@ -247,7 +249,8 @@ def node_classes() -> dict[str, type]:
     """The nodes a row's chain may name, as ComfyUI registers them."""
     from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
     from comfy_extras.nodes_tomesd import TomePatchModel
-    from ..harness.pack import pack_module
+
+    from harness.pack import pack_module
 
     nodes = pack_module("nodes.node.toma_nodes")
     return {"ToMAPatch": nodes.ToMAPatch, "ToMAPatchAdvanced": nodes.ToMAPatchAdvanced, "EasyCache": EasyCacheNode,
@@ -345,7 +348,7 @@ class Family:
 
 
 def load_family(name: str) -> Family:
-    from ..harness import trained
+    from harness import trained
 
     positive, negative = trained.conditioning(name)
     return Family(name, trained.load_model(name), positive, negative, dict(trained.SAMPLER[name]),
@@ -356,7 +359,8 @@ def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[dict[
     """Seconds of one whole comfy.sample.sample call on each of CLOCKS, the decoded image (H, W, 3)
     and its log summary."""
     import comfy.sample
-    from ..harness import trained
+
+    from harness import trained
 
     noise = comfy.sample.prepare_noise(fam.latent, seed)
     s = fam.sampler
@@ -515,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = cli.import_comfy(args)
     torch.set_num_threads(args.threads)
-    from ..harness import trained
+    from harness import trained
+
     from . import quality_report
 
     families = args.families or list(trained.available())

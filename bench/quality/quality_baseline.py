@@ -2,7 +2,7 @@
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.quality.quality_baseline --write
 
-For every fixture (bench/harness/trained.py) and seed in SEEDS, samples the unpatched model and the model
+For every fixture (harness/trained.py) and seed in SEEDS, samples the unpatched model and the model
 through the ToMA Patch node at its schema defaults, with the fixture's sampler settings, and takes
 the PSNR (dB) of ToMA's decoded image against the unpatched one. ``--write`` stores the figures
 with the defaults they were measured at in fixtures/quality_baseline.json;
@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..harness import cli, metrics
+from harness import metrics
+
+from .. import cli
 
 BENCH = Path(__file__).resolve().parents[1]
 
@@ -32,14 +34,14 @@ SEEDS = (0, 1, 2)
 
 
 def baseline_path() -> Path:
-    from ..harness import trained
+    from harness import trained
 
     return trained.FIXTURE_DIR / "quality_baseline.json"
 
 
 def node_defaults() -> dict[str, Any]:
     """The ToMA Patch node's schema defaults (every input but the model)."""
-    from ..harness.pack import pack_module
+    from harness.pack import pack_module
 
     node = pack_module("nodes.node.toma_nodes").ToMAPatch
     return {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
@@ -49,7 +51,7 @@ def sampler(family: str) -> Callable[[Any, torch.Tensor, int], np.ndarray]:
     """sample(model, noise, seed) -> decoded image (H, W, 3) for this fixture's sampler settings."""
     import comfy.sample
 
-    from ..harness import trained
+    from harness import trained
 
     positive, negative = trained.conditioning(family)
     latent = torch.zeros(trained.latent_shape(family))
@@ -67,7 +69,7 @@ def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
     """PSNR (dB) per seed of the ToMA Patch defaults against the unpatched model on `family`."""
     import comfy.sample
 
-    from ..harness import trained
+    from harness import trained
 
     base = trained.load_model(family)
     patched = trained.patch_at_node_defaults(base)
@@ -81,7 +83,7 @@ def default_psnr(family: str, seeds: tuple[int, ...] = SEEDS) -> list[float]:
 
 def measure() -> dict[str, Any]:
     """{family: {"seeds", "psnr", "mean"}} for every fixture present, plus the defaults measured."""
-    from ..harness import trained
+    from harness import trained
 
     record: dict[str, Any] = {"defaults": node_defaults(), "families": {}}
     for family in trained.available():

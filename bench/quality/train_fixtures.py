@@ -6,7 +6,7 @@ Writes fixtures/<family>.safetensors (fp16 weights + the fp32 fixed conditioning
 fixtures/<family>.json (config, codec, provenance) and fixtures/<family>_samples.png (20-step samples
 of the shipped weights through comfy.sample.sample, decoded with the codec).
 
-Model, codec and conditioning come from ``bench/harness/trained.py``. Objectives are what ComfyUI's model
+Model, codec and conditioning come from ``harness/trained.py``. Objectives are what ComfyUI's model
 sampling expects for the class; the model is called through ``BaseModel.apply_model`` (input scaling,
 timestep mapping and the denoised output exactly as at inference):
 
@@ -47,9 +47,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..harness import cli
-from ..harness import trained
-from ..harness.tiny_models import init_weights
+from harness import trained
+from harness.tiny_models import init_weights
+
+from .. import cli
 
 COLOUR_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 GREY_PHOTOS = ("camera", "grass", "gravel", "brick")
@@ -329,7 +330,7 @@ def write_weights(out: Path, family: str, module: torch.nn.Module, cond: dict[st
 
 def provenance(args: argparse.Namespace, record: dict[str, Any], script: str, comfy_root: Path) -> dict[str, Any]:
     """The json's "training", "command" and "versions" entries of a training run of `script` (a module name)."""
-    from ..harness import comfy_env
+    from harness import comfy_env
 
     return {
         "training": {

@@ -6,7 +6,7 @@ Writes fixtures/wan.safetensors (fp16 weights + the fp32 fixed context), fixture
 codec, provenance, the command) and fixtures/wan_samples.png (one row of frames per seed, 20-step
 samples through comfy.sample.sample, decoded with the clip codec).
 
-Model, codec, clips and conditioning: ``bench/harness/trained_video.py``. Objective: rectified flow
+Model, codec, clips and conditioning: ``harness/trained_video.py``. Objective: rectified flow
 with Wan's model sampling (``ModelSamplingDiscreteFlow``, shift 8 as ``WAN21_T2V`` sets it):
 t ~ U(0, 1) (``--timesteps uniform``, the spacing of the sampler's "simple" steps; or
 logit-normal), sigma = model_sampling.sigma(1000 t) = 8 t / (1 + 7 t), x_t = (1 - sigma) x0 +
@@ -44,8 +44,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..harness import tiny_models, trained, trained_video as tv
-from .train_fixtures import ema_update, flow_times, import_comfy, load_photos, lr_at, provenance, write_meta, write_weights
+from harness import tiny_models, trained
+from harness import trained_video as tv
+
+from .train_fixtures import (
+    ema_update,
+    flow_times,
+    import_comfy,
+    load_photos,
+    lr_at,
+    provenance,
+    write_meta,
+    write_weights,
+)
 
 ZEROED = ("self_attn.o.weight", "cross_attn.o.weight", "ffn.2.weight", "head.head.weight")
 

@@ -2,7 +2,7 @@
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.quality.video_baseline --write
 
-For each of SEEDS, samples the unpatched Wan fixture (``bench/harness/trained_video.py``, its
+For each of SEEDS, samples the unpatched Wan fixture (``harness/trained_video.py``, its
 20-step sampler) and the fixture under two ToMA settings: the ToMA Patch (Advanced) node's schema
 defaults (tile_frames and the ``auto`` block list included) and the ToMA node of
 ``example_workflows/wan_toma.json`` (both experts carry the same settings), each with min_tokens 0
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..harness import cli
+from .. import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "example_workflows" / "wan_toma.json"
@@ -31,7 +31,7 @@ SEEDS = (0, 1)
 
 
 def baseline_path() -> Path:
-    from ..harness import trained
+    from harness import trained
 
     return trained.FIXTURE_DIR / "video_baseline.json"
 
@@ -42,7 +42,7 @@ def _inputs(node: type) -> list[Any]:
 
 def settings() -> dict[str, tuple[str, dict[str, Any]]]:
     """{name: (node name, inputs)}: the Advanced node's defaults and the Wan workflow's ToMA node."""
-    from ..harness.pack import pack_module
+    from harness.pack import pack_module
 
     nodes = pack_module("nodes.node.toma_nodes")
     advanced = {i.id: i.default for i in _inputs(nodes.ToMAPatchAdvanced)} | {"min_tokens": 0}
@@ -61,7 +61,7 @@ def settings() -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def _patched(base: Any, node_name: str, inputs: dict[str, Any]) -> Any:
-    from ..harness.pack import pack_module
+    from harness.pack import pack_module
 
     nodes = pack_module("nodes.node.toma_nodes")
     if node_name == "ToMAPatch":  # the basic node has no min_tokens: build its settings as it does, with 0
@@ -72,7 +72,8 @@ def _patched(base: Any, node_name: str, inputs: dict[str, Any]) -> Any:
 
 def _clip(model: Any, seed: int) -> Any:
     import comfy.sample
-    from ..harness import trained_video as tv
+
+    from harness import trained_video as tv
 
     latent = torch.zeros(tv.latent_shape())
     positive, negative = tv.conditioning()
@@ -84,7 +85,8 @@ def _clip(model: Any, seed: int) -> Any:
 
 def measure(seeds: tuple[int, ...] = SEEDS, which: tuple[str, ...] | None = None) -> dict[str, Any]:
     """{"settings": {name: [node, inputs]}, "results": {name: {"seeds", "psnr", "flicker", "mean", ...}}}."""
-    from ..harness import trained_video as tv
+    from harness import trained_video as tv
+
     from .video_quality import clip_metrics
 
     base = tv.load_model()

@@ -5,7 +5,7 @@
 
 The video counterpart of ``bench/quality/quality.py``, on its harness: every row is a chain of
 nodes as a user wires them (the pack's ToMA Patch (Advanced), ComfyUI's EasyCache, the real
-TeaCache / MagCache packs from ``bench/harness/third_party.py``), each called with its schema's
+TeaCache / MagCache packs from ``harness/third_party.py``), each called with its schema's
 defaults for what the row leaves out; every row samples the same seeds through
 ``comfy.sample.sample`` (``trained_video.SAMPLER``: euler, simple, cfg 1) and the latent is decoded
 with the fixture's clip codec. Three regimes (``REGIMES``): the full 20 steps, and the few-step
@@ -45,8 +45,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..harness import cli, metrics
-from ..harness.timing import CLOCKS
+from harness import metrics
+
+from .. import cli
+from ..timing import CLOCKS
 from . import quality
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -153,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def third_party_nodes() -> dict[str, Callable[..., Any]]:
     """TeaCache and MagCache (real packs) as model -> model functions at their Wan 2.1 1.3B settings."""
-    from ..harness import third_party as tp
+    from harness import third_party as tp
 
     def teacache(model: Any, rel_l1_thresh: float) -> Any:
         node = tp.pack_module(tp.TEACACHE, "nodes").TeaCache()
@@ -212,7 +214,8 @@ class Clip:
 
 def sample(variant: quality.Variant, seed: int, tap: quality.LogTap, runs: BlockRuns) -> Clip:
     import comfy.sample
-    from ..harness import trained_video as tv
+
+    from harness import trained_video as tv
 
     latent = torch.zeros(tv.latent_shape())
     noise = comfy.sample.prepare_noise(latent, seed)
@@ -335,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = cli.import_comfy(args)
     torch.set_num_threads(args.threads)
-    from ..harness import trained_video as tv
+    from harness import trained_video as tv
+
     from . import video_report
 
     if not tv.available():

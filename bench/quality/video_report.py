@@ -27,7 +27,7 @@ def real_blocks(blocks: str, depth: int) -> str:
     """A fixture block list mapped to `depth` blocks by position ("all" unchanged). "auto" is mapped
     as what it selects on the fixture (blocks 2-5 of 6), so the prediction prices the blocks whose
     quality was measured: on the real depth that skips 13 of 40 blocks, where the real "auto" skips 5."""
-    from ..harness.pack import pack_module
+    from harness.pack import pack_module
 
     if blocks.strip().lower() == "auto":
         blocks = pack_module("nodes.machinery.dit_blocks").parse_dit_blocks("auto", {"blocks": FIXTURE_BLOCKS}).describe()
@@ -47,7 +47,8 @@ def _toma_inputs(row: Any) -> dict[str, Any] | None:
 
 def add_predictions(rows: list[Any], metas: list[dict]) -> None:
     """Fill row.predicted[family] for every measured row (see video_quality's docstring)."""
-    from ..speed import realsize, realsize_model as model
+    from ..speed import realsize
+    from ..speed import realsize_model as model
 
     cache = realsize.load_cache(realsize.CACHE)
     plans = realsize.PlanTimes(cache, "cpu")

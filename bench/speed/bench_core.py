@@ -15,8 +15,8 @@ import torch
 
 from toma_core import make_plan
 
-from ..harness import timing
-from ..harness.cli import DTYPES
+from .. import timing
+from ..cli import DTYPES
 
 
 class FluxWidthBlock(torch.nn.Module):

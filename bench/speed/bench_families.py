@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..harness import cli, sampling
+from .. import cli, sampling
 from . import model_speed
 from .model_speed import ideal_grid
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..harness import cli, sampling
+from .. import cli, sampling
 from . import model_speed
 from .model_speed import ideal_grid
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..harness import cli, sampling
+from .. import cli, sampling
 from . import model_speed
 
 SDXL_CONTEXT_PER_CHANNEL = 2048 / 320
@@ -88,7 +88,7 @@ def make_call(patcher: Any, args: argparse.Namespace) -> Callable[[], torch.Tens
 
 def configurations(base: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Name -> ModelPatcher for every configuration of the table."""
-    from ..harness.pack import pack_module
+    from harness.pack import pack_module
 
     settings = pack_module("nodes.settings")
     patching = pack_module("nodes.node.patching")

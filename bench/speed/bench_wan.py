@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from ..harness import cli, sampling
-from ..harness.pack import pack_module
+from harness.pack import pack_module
+
+from .. import cli, sampling
 from . import model_speed
 from .model_speed import ideal_grid
 

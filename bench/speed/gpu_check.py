@@ -16,7 +16,7 @@ Sections of the file, each written as soon as it is done (a run cut short keeps 
 2. `min_tokens auto`: the full-size model (built on torch's meta device) patched as the ToMA Patch
    node patches it (node defaults, min_tokens auto), and the decision its cost profile takes for
    a call of each size (CostProfile.auto_veto) on "cuda" and on "cpu".
-3. Fixture quality: each trained fixture (fixtures/, bench/harness/trained.py and trained_video.py)
+3. Fixture quality: each trained fixture (fixtures/, harness/trained.py and trained_video.py)
    sampled in fp32 and in bf16, unpatched and at the ToMA Patch node's defaults (min_tokens 0, as
    trained.patch_at_node_defaults says why); PSNR against the fp32 unpatched result.
 
@@ -39,9 +39,10 @@ from typing import Any
 
 import torch
 
-from ..harness import comfy_env
-from ..harness.metrics import psnr
-from ..harness.pack import pack_module
+from harness import comfy_env
+from harness.metrics import psnr
+from harness.pack import pack_module
+
 from . import realsize_measure as measure
 from . import realsize_setup as rs
 
@@ -233,7 +234,7 @@ def image_sampler(family: str, steps: int | None) -> Callable[[Any], torch.Tenso
     """model -> the decoded (3, H, W) image of the fixture's run (its own steps, or `steps`)."""
     import comfy.sample
 
-    from ..harness import trained
+    from harness import trained
 
     positive, negative = trained.conditioning(family)
     s = dict(trained.SAMPLER[family]) | ({"steps": steps} if steps else {})
@@ -252,7 +253,7 @@ def video_sampler(steps: int | None) -> Callable[[Any], torch.Tensor]:
     """model -> the decoded (3, F, H, W) clip of the Wan fixture's run (its own steps, or `steps`)."""
     import comfy.sample
 
-    from ..harness import trained_video as tv
+    from harness import trained_video as tv
 
     positive, negative = tv.conditioning()
     s = dict(tv.SAMPLER) | ({"steps": steps} if steps else {})
@@ -269,7 +270,7 @@ def video_sampler(steps: int | None) -> Callable[[Any], torch.Tensor]:
 
 def fixture_row(fixture: str, steps: int | None, device: str, dtype: torch.dtype) -> dict[str, Any]:
     """PSNR (dB) against the fp32 unpatched result: `dtype` unpatched, fp32 and `dtype` at the node defaults."""
-    from ..harness import trained, trained_video
+    from harness import trained, trained_video
 
     if fixture == "wan":
         sample, load = video_sampler(steps), trained_video.load_model
@@ -284,8 +285,8 @@ def fixture_row(fixture: str, steps: int | None, device: str, dtype: torch.dtype
 
 def fixture_table(rows: list[dict[str, Any]], skipped: list[str], dtype: str) -> str:
     lines = ["## Fixture quality", "",
-             f"PSNR against the fixture's fp32 unpatched result (same seed); ToMA at the ToMA Patch node's defaults, "
-             f"min_tokens 0.", "",
+             "PSNR against the fixture's fp32 unpatched result (same seed); ToMA at the ToMA Patch node's defaults, "
+             "min_tokens 0.", "",
              f"| fixture | steps | {dtype} unpatched | fp32 ToMA | {dtype} ToMA |", "|---|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['fixture']} | {r['steps']} | {r['unpatched']:.1f} dB | {r['ToMA fp32']:.1f} dB | "
@@ -295,7 +296,7 @@ def fixture_table(rows: list[dict[str, Any]], skipped: list[str], dtype: str) ->
 
 def fixtures() -> tuple[list[str], list[str]]:
     """(fixtures present, lines saying which are missing)."""
-    from ..harness import trained, trained_video
+    from harness import trained, trained_video
 
     present = [*trained.available(), *(["wan"] if trained_video.available() else [])]
     missing = [f"{name}: skipped, fixtures/{name}.safetensors missing" for name in (*trained.FAMILIES, "wan")

@@ -1,7 +1,7 @@
 """The skeleton every per-family speed bench shares (bench_flux, bench_sdxl, bench_wan, bench_families):
 one command line, one start, a sampler-style model call on seeded inputs, ToMA on every block, the
 ideal (the unpatched model on D tokens, what a merge with zero overhead would give), and one timer:
-the configurations take turns (bench/harness/timing.py ``samples_ms``), each patcher loaded, untimed,
+the configurations take turns (bench/timing.py ``samples_ms``), each patcher loaded, untimed,
 before its turn as sampling loads it (object patches applied, the other clones' taken off).
 
 A bench adds its model's options and builds its model and its calls; the rest is here."""
@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from ..harness import cli, sampling, timing
-from ..harness.pack import pack_module
+from harness.pack import pack_module
+
+from .. import cli, sampling, timing
 
 Entry = tuple[Any, Callable[[], torch.Tensor]]
 """A configuration to time: its ModelPatcher and one model call through it."""

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..harness.pack import pack_module
+from harness.pack import pack_module
 
 TILES = (4, 8, 16)
 TILE_FRAMES = (1, 2, 4)

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from ..harness.tiny_models import init_weights, tree_config
+from harness.tiny_models import init_weights, tree_config
+
 from . import realsize_setup as rs
 
 

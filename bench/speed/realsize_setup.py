@@ -24,13 +24,15 @@ from typing import Any
 
 import torch
 
-from ..harness import cli
-from ..harness.pack import pack_module
-from ..harness.tiny_models import tree_config
+from harness.pack import pack_module
+from harness.tiny_models import tree_config
+
+from .. import cli
+
 
 def import_comfy(device: str = "cpu") -> Path:
     """Import ComfyUI (cpu mode unless `device` is not cpu) with attention through torch SDPA (what
-    ComfyUI uses on GPUs), via bench.harness.cli."""
+    ComfyUI uses on GPUs), via bench.cli."""
     return cli.import_comfy(argparse.Namespace(attention="pytorch", device=device))
 
 

@@ -54,9 +54,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from harness.metrics import relative_error
 from toma_core import BUDGETS, SIMILARITIES, make_plan
-
-from ..harness.metrics import relative_error
 
 log = logging.getLogger("toma.fidelity")
 

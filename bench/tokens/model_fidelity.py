@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ..harness import cli, timing
-from ..harness.metrics import relative_error
+from harness.metrics import relative_error
+
+from .. import cli, timing
 from ..speed import bench_flux, bench_sdxl
 
 BENCH = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.harness.pack import pack_module
+from harness.pack import pack_module
 
 RUNTIME_LOGGER = "comfyui_toma_pack.nodes.run.wrappers"
 """Logger of the per-run summary line and of the bypass warning."""

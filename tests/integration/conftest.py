@@ -1,7 +1,7 @@
 """Fixtures for tests that run real ComfyUI code on tiny random models.
 
 Every fixture here depends on ``comfy``, which skips the test (with the reason) when no importable
-ComfyUI is found; see ``bench/harness/comfy_env.py`` for the search order. Run with::
+ComfyUI is found; see ``harness/comfy_env.py`` for the search order. Run with::
 
     COMFYUI_PATH=/path/to/ComfyUI python -m pytest tests/integration -rs
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness import comfy_env
+from harness import comfy_env
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def comfy() -> Path:
 @pytest.fixture(scope="session")
 def tiny(comfy: Path) -> Any:
     """The ``tiny_models`` module (importable only once ComfyUI is on sys.path)."""
-    from bench.harness import tiny_models
+    from harness import tiny_models
 
     return tiny_models
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import torch
-
-from bench.harness.metrics import relative_error as rel
 from compat_support import patch, record_attention, run_records
+
+from harness.metrics import relative_error as rel
 
 
 def lengths_of(model: Any) -> tuple[Any, list[int]]:

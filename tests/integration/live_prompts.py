@@ -101,7 +101,7 @@ def missing_model_reason(name: str) -> str | None:
 def make_model_files(models: Path) -> list[Path]:
     """Write every file of FILES this ComfyUI can load under ``models`` (a server's models
     folder); their paths."""
-    from bench.harness import model_files
+    from harness import model_files
 
     makers = {
         "flux": model_files.flux_unet, "wan_high": lambda p: model_files.wan_unet(p, seed=0),

@@ -3,7 +3,7 @@ and so the README) is valid for every model of its family: each family's real mo
 the meta device with their real block counts and the example is parsed against their streams, as
 the family's adapter parses it. Full-size configs come from bench/speed/realsize_setup.py where it
 has one (Flux.1, SD3.5 Large, Qwen-Image, Wan 14B / 1.3B, HunyuanVideo, SDXL, SD1.5); the other
-models are the tiny configs of bench/harness at the real models' block counts (the counts are all
+models are the tiny configs of harness at the real models' block counts (the counts are all
 the parse reads)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.harness.pack import PACK_ROOT, pack_module
+from harness.pack import PACK_ROOT, pack_module
 
 registry = pack_module("nodes.families.registry")
 
@@ -32,7 +32,7 @@ def _tiny(config_class: str, config: Callable[[], dict[str, Any]]) -> Callable[[
     def build() -> Any:
         import comfy.supported_models
 
-        from bench.harness import tiny_models
+        from harness import tiny_models
 
         cls = getattr(comfy.supported_models, config_class, None)
         if cls is None:
@@ -42,13 +42,13 @@ def _tiny(config_class: str, config: Callable[[], dict[str, Any]]) -> Callable[[
 
 
 def _flux(depth: int, single: int) -> Callable[[], dict[str, Any]]:
-    from bench.harness import tiny_models
+    from harness import tiny_models
 
     return lambda: tiny_models.tiny_flux_config() | {"depth": depth, "depth_single_blocks": single}
 
 
 def _dits(name: str, **counts: Any) -> Callable[[], dict[str, Any]]:
-    from bench.harness import tiny_dits, tiny_wan
+    from harness import tiny_dits, tiny_wan
 
     configs = {"sd3": tiny_dits.sd3_config, "lumina": tiny_dits.lumina_config, "zimage": tiny_dits.zimage_config,
                "hunyuan15": tiny_dits.hunyuan15_config, "hidream": tiny_dits.hidream_config, "wan": tiny_wan.wan_config,

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402  (tiny_models imports only torch at load)
+from harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402  (tiny_models imports only torch at load)
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,9 @@ from compat_support import (  # noqa: E402
     warnings_of,
     without_gain,
 )
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 6
 FLUX_BLOCKS = 4

@@ -23,9 +23,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, run_records, warnings_of  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+from compat_support import (  # noqa: E402
+    RUNTIME_LOGGER,
+    CountingBackend,
+    Toma,
+    run_records,
+    warnings_of,
+)
+
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 3
 

@@ -23,8 +23,9 @@ from compat_support import (  # noqa: E402
     record_attention,
     run_records,
 )
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
+
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 
 @pytest.fixture()

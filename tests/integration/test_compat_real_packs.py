@@ -43,10 +43,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bench.harness import comfy_env, third_party as tp  # noqa: E402
 from compat_support import RUNTIME_LOGGER, CountingBackend, Toma, run_records, runs_for  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
+
+from harness import comfy_env  # noqa: E402
+from harness import third_party as tp
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 FLUX_BLOCKS = 4
 """Tiny Flux: 2 double + 2 single blocks (all selected here)."""
@@ -142,7 +144,7 @@ def wan_cache(cache: str) -> Any:
 def test_step_cache_pack_on_wan(cache: str, order: str, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture) -> None:
     """Both packs' Wan forward loops pass transformer_options in the block replacement's `extra`,
     not in its args: ToMA still merges every block of the steps that ran."""
-    from bench.harness import tiny_wan
+    from harness import tiny_wan
 
     with pack_code({"TeaCache": tp.TEACACHE, "MagCache": tp.MAGCACHE}[cache]):
         model = tiny_wan.build_wan("t2v")
@@ -265,7 +267,8 @@ def gguf_flux(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
     file, 0.6 GB, is deleted afterwards)."""
     pytest.importorskip("gguf", reason="the gguf package (test extra) writes the Q8_0 file")
     import folder_paths
-    from bench.harness import model_files
+
+    from harness import model_files
 
     nodes = tp.pack_module(tp.GGUF, "nodes")
     folder = tmp_path_factory.mktemp("gguf")
@@ -372,7 +375,7 @@ class FaceStubs:
                 return torch.randn(1, stubs.tokens, stubs.kv_dim, generator=torch.Generator().manual_seed(0))
 
         module = PulidFlux()
-        from bench.harness.tiny_models import init_weights
+        from harness.tiny_models import init_weights
 
         init_weights(module, seed=5)
         return comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.pack import pack_module
+from harness.pack import pack_module
 
 FLUX_DEV = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096,
             "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19, "depth_single_blocks": 38,
@@ -32,7 +32,7 @@ def meta_model(config_class: str, unet_config: dict[str, Any]) -> Any:
     import comfy.supported_models
     import torch
 
-    from bench.harness.tiny_models import tree_config
+    from harness.tiny_models import tree_config
 
     unet_config = tree_config(unet_config)  # keys this tree's params class needs (ComfyUI 0.33: Flux's txt_ids_dims)
     config = getattr(comfy.supported_models, config_class)(dict(unet_config))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+
 def test_every_family_prints_a_row(comfy: Any, capsys: pytest.CaptureFixture) -> None:
     from bench.speed import bench_families
 

@@ -22,9 +22,10 @@ torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
 from compat_support import patch, record_attention, runs_for  # noqa: E402
-from bench.harness import tiny_dits  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.pack import pack_module  # noqa: E402
+
+from harness import tiny_dits  # noqa: E402
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 16, 3, 16, 16)
 """3 frames of an 8 x 8 token grid: N = 192, D = 96 at ratio 0.5 with tile 4."""

@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
 from compat_support import patch, record_attention  # noqa: E402
-from bench.harness import tiny_dits  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
+
+from harness import tiny_dits  # noqa: E402
+from harness.metrics import relative_error as rel  # noqa: E402
 
 VIDEO = (1, 16, 5, 16, 16)
 """5 latent frames of an 8 x 8 token grid (patch 1 x 2 x 2): N = 320."""

@@ -17,9 +17,10 @@ torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
 from compat_support import patch, runs_for  # noqa: E402
-from bench.harness import tiny_dits  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.pack import pack_module  # noqa: E402
+
+from harness import tiny_dits  # noqa: E402
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 16, 1, 16, 16)
 """An 8 x 8 token grid (Qwen-Image latents are 5-D with one frame)."""

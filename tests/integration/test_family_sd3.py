@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 
 import family_checks as fc  # noqa: E402
 from compat_support import patch  # noqa: E402
-from bench.harness import tiny_dits  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
+
+from harness import tiny_dits  # noqa: E402
+from harness.metrics import relative_error as rel  # noqa: E402
 
 LATENT = (1, 16, 16, 16)
 """An 8 x 8 token grid."""

@@ -32,7 +32,7 @@ def fixture_metadata(comfy: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def tv(comfy: Path) -> Any:
-    from bench.harness import trained_video
+    from harness import trained_video
 
     return trained_video
 
@@ -68,7 +68,7 @@ def test_weights_and_header_are_as_recorded(fixture_metadata: Any, family: str) 
 def test_header_rewrite_keeps_tensors(fixture_metadata: Any, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from bench.harness import trained
+    from harness import trained
 
     copy = tmp_path / "wan.safetensors"
     copy.write_bytes((ROOT / "fixtures" / "wan.safetensors").read_bytes())
@@ -85,7 +85,7 @@ def _skip_unless_wan_metadata_is_read(tv: Any) -> None:
     import comfy.model_detection
     import comfy.utils
 
-    from bench.harness import comfy_env
+    from harness import comfy_env
 
     state = comfy.utils.load_torch_file(str(tv.weights_path()))
     config = comfy.model_detection.detect_unet_config(state, "", metadata=tv.loader_metadata())

@@ -18,9 +18,16 @@ torch = pytest.importorskip("torch")
 import compat_support  # noqa: E402
 import family_checks as fc  # noqa: E402
 from compat_support import FLUX_TEXT as TEXT  # noqa: E402
-from compat_support import RUNTIME_LOGGER, patch, run_records, runs_for, sample_with_noise  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
+from compat_support import (  # noqa: E402
+    RUNTIME_LOGGER,
+    patch,
+    run_records,
+    runs_for,
+    sample_with_noise,
+)
+
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 
 def record_attention(model: Any) -> tuple[Any, list[int]]:
@@ -485,7 +492,7 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
 def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
     import asyncio
 
-    from bench.harness.pack import import_pack_init
+    from harness.pack import import_pack_init
 
     module = import_pack_init()
     assert not hasattr(module, "NODE_CLASS_MAPPINGS")
@@ -498,8 +505,9 @@ def test_example_workflow_matches_comfy_and_schema(comfy: Any, toma: Any) -> Non
     """Core node types exist in ComfyUI's nodes.py; our node's widget values fit its schema."""
     from pathlib import Path
 
-    import nodes as comfy_nodes
     from workflow_check import FRONTEND_ONLY, PACK_NODES, check_workflow
+
+    import nodes as comfy_nodes
 
     path = Path(__file__).resolve().parents[2] / "example_workflows" / "flux_toma.json"
     workflow = check_workflow(path)

@@ -65,7 +65,7 @@ class PlanTape:
 @contextlib.contextmanager
 def plan_tape() -> Iterator[PlanTape]:
     """nodes.run.runtime.make_plan replaced by a PlanTape for the duration."""
-    from bench.harness.pack import pack_module
+    from harness.pack import pack_module
 
     runtime = pack_module("nodes.run.runtime")
     tape = PlanTape(runtime.make_plan)
@@ -80,7 +80,7 @@ def step_change(family: str, model: Any, latent: torch.Tensor, start: int, last:
     """The latent after the fixture's steps [start, last) from `latent`; from start > 0, the steps' change of it."""
     import comfy.sample
 
-    from bench.harness import trained
+    from harness import trained
 
     positive, negative = trained.conditioning(family)
     s = trained.SAMPLER[family]
@@ -92,7 +92,7 @@ def step_change(family: str, model: Any, latent: torch.Tensor, start: int, last:
 
 def merge_every_block(model: Any) -> Any:
     """ToMA at ratio 0.5 on every block of `model` (a clone)."""
-    from bench.harness.pack import pack_module
+    from harness.pack import pack_module
 
     patching, settings = pack_module("nodes.node.patching"), pack_module("nodes.settings")
     return patching.patch_model(model, settings.ToMASettings(ratio=0.5, blocks="all"))
@@ -101,8 +101,8 @@ def merge_every_block(model: Any) -> Any:
 def step_errors(family: str, step: int) -> list[dict[str, Any]]:
     """Per supported low dtype: the unpatched model's error, ToMA's with the fp32 run's plans and with
     its own, ToMA's against the unpatched model in fp32, and whether every output is finite."""
-    from bench.harness import trained
-    from bench.harness.metrics import relative_error
+    from harness import trained
+    from harness.metrics import relative_error
 
     fp32 = trained.load_model(family)
     mid = step_change(family, fp32, torch.zeros(trained.latent_shape(family)), 0, step)
@@ -134,7 +134,7 @@ def step_errors(family: str, step: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("family", ["flux", "sdxl"])
 def test_half_precision_error_of_merged_blocks(family: str, comfy: Any) -> None:
-    from bench.harness import trained
+    from harness import trained
 
     assert trained.weights_path(family).is_file(), f"{trained.weights_path(family)} is not shipped"
     rows = step_errors(family, MID_STEP)

@@ -37,9 +37,10 @@ from typing import Any
 
 import pytest
 import workflow_api as wa
-from bench.harness.comfy_env import skip_or_fail
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json
 from live_prompts import missing_model_reason
+
+from harness.comfy_env import skip_or_fail
 
 log = logging.getLogger(__name__)
 

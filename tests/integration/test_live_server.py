@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json, http_get
 from live_prompts import missing_model_reason
-from bench.harness.pack import pack_module
 from workflow_check import FRONTEND_ONLY
+
+from harness.pack import pack_module
 
 EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
 SOCKET_TYPES = {"MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK", "CONTROL_NET"}

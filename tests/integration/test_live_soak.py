@@ -49,11 +49,30 @@ from typing import Any
 import pytest
 import workflow_api as wa
 from live_comfy import (
-    LiveServer, Run, get_json, media_frames, post_json, prepare_base_directory, queue, run_prompt, start_server,
-    stop_server, wait_for_run, wait_until_ready,
+    LiveServer,
+    Run,
+    get_json,
+    media_frames,
+    post_json,
+    prepare_base_directory,
+    queue,
+    run_prompt,
+    start_server,
+    stop_server,
+    wait_for_run,
+    wait_until_ready,
 )
-from live_prompts import FILES, LATENT_FRAMES, TOKEN_PATTERN, expected_grids, shipped_prompts, toma_ids, with_steps
-from bench.harness.pack import pack_module
+from live_prompts import (
+    FILES,
+    LATENT_FRAMES,
+    TOKEN_PATTERN,
+    expected_grids,
+    shipped_prompts,
+    toma_ids,
+    with_steps,
+)
+
+from harness.pack import pack_module
 
 log = logging.getLogger(__name__)
 

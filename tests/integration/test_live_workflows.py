@@ -24,10 +24,20 @@ import pytest
 import workflow_api as wa
 from live_comfy import LiveServer, Run, get_json, media_frames, queue, run_prompt
 from live_prompts import (
-    EXAMPLES, LATENT_FRAMES, SIZE, TOKEN_PATTERN, VIDEO_FRAMES, VIDEO_SIZE, expected_grids, family_of_workflow,
-    missing_model_reason, shipped_prompts, toma_ids,
+    EXAMPLES,
+    LATENT_FRAMES,
+    SIZE,
+    TOKEN_PATTERN,
+    VIDEO_FRAMES,
+    VIDEO_SIZE,
+    expected_grids,
+    family_of_workflow,
+    missing_model_reason,
+    shipped_prompts,
+    toma_ids,
 )
-from bench.harness.pack import pack_module
+
+from harness.pack import pack_module
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness import comfy_env
+from harness import comfy_env
 
 PACK_NAME = "ComfyUI-ToMA"
 """The repository's name: what git clone, ComfyUI Manager and comfy-cli call the folder."""

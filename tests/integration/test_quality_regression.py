@@ -29,7 +29,7 @@ def record(comfy: Path) -> dict[str, Any]:
 
 def test_record_is_for_the_current_defaults(record: dict[str, Any]) -> None:
     from bench.quality import quality_baseline
-    from bench.harness import trained
+    from harness import trained
 
     assert record["defaults"] == quality_baseline.node_defaults(), "defaults changed: measure and re-record"
     assert sorted(record["families"]) == sorted(trained.available())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from bench.harness.pack import PACK_ROOT, pack_module
+from harness.pack import PACK_ROOT, pack_module
 
 README = PACK_ROOT / "README.md"
 

@@ -18,8 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bench.harness.tiny_models import FLUX_LATENT  # noqa: E402
 from compat_support import RUNTIME_LOGGER, patch, run_records, sample_with_noise  # noqa: E402
+
+from harness.tiny_models import FLUX_LATENT  # noqa: E402
 
 STEPS = 4
 SETTINGS = {"a": dict(ratio=0.5, tile_size=4), "b": dict(ratio=0.75, tile_size=2)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.pack import pack_module
+from harness.pack import pack_module
 
 BASE_MODEL = re.compile(r"model_base\.(\w+)\s*\(")
 UNET_MODEL = re.compile(r"unet_model\s*=\s*([A-Za-z_][\w.]*)")

@@ -1,4 +1,4 @@
-"""The trained fixtures (fixtures/*.safetensors, bench/harness/trained.py, bench/quality/train_fixtures.py).
+"""The trained fixtures (fixtures/*.safetensors, harness/trained.py, bench/quality/train_fixtures.py).
 
 Each shipped fixture loads into ComfyUI's own class; the pixel codec is a float-precision round trip;
 the training-only out-of-place Flux blocks compute what ComfyUI's blocks compute (and, unlike them,
@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import torch
 
+
 @pytest.fixture(scope="module")
 def trained(comfy: Path) -> Any:
-    """bench/harness/trained.py (needs ComfyUI on sys.path for its lazy imports)."""
-    from bench.harness import trained
+    """harness/trained.py (needs ComfyUI on sys.path for its lazy imports)."""
+    from harness import trained
 
     return trained
 

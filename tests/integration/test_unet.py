@@ -20,8 +20,9 @@ torch = pytest.importorskip("torch")
 import compat_support  # noqa: E402
 from compat_support import CLIP_TEXT as TEXT  # noqa: E402
 from compat_support import RUNTIME_LOGGER, patch, run_records, sample_with_noise  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
-from bench.harness.pack import pack_module  # noqa: E402
+
+from harness.metrics import relative_error as rel  # noqa: E402
+from harness.pack import pack_module  # noqa: E402
 
 LATENT = (1, 4, 16, 16)
 

@@ -1,4 +1,4 @@
-"""The trained Wan fixture (fixtures/wan.safetensors, bench/harness/trained_video.py,
+"""The trained Wan fixture (fixtures/wan.safetensors, harness/trained_video.py,
 bench/quality/train_video_fixture.py) and the video defaults' quality on it.
 
 The fixture loads into ComfyUI's own WAN21 / WanModel with the shipped weights; the clip codec is a
@@ -35,7 +35,7 @@ and the local attention start (bench/quality/train_video_fixture.py) gave 0.00."
 
 @pytest.fixture(scope="module")
 def tv(comfy: Path) -> Any:
-    from bench.harness import trained_video
+    from harness import trained_video
 
     return trained_video
 
@@ -119,8 +119,9 @@ def test_local_attention_start_peaks_at_zero_offset(tv: Any) -> None:
     """With the local start, a block's self-attention on content-free tokens attends most to the
     same place and frame, and less to tokens further away in time or space."""
     from comfy.ldm.flux.math import apply_rope1
-    from bench.harness import tiny_models
+
     from bench.quality import train_video_fixture as tvf
+    from harness import tiny_models
 
     model = tv.build_model()
     tiny_models.init_weights(model.diffusion_model, 2)
@@ -145,8 +146,8 @@ def test_local_attention_start_peaks_at_zero_offset(tv: Any) -> None:
 
 
 def test_training_objective_backpropagates_through_comfy_blocks(tv: Any, photos: list[torch.Tensor]) -> None:
-    from bench.harness import tiny_models, trained
     from bench.quality import train_video_fixture as tvf
+    from harness import tiny_models, trained
 
     model = trained.trainable(tv.build_model())
     tiny_models.init_weights(model.diffusion_model, 1)

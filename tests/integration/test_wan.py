@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 
 import compat_support  # noqa: E402
 from compat_support import RUNTIME_LOGGER  # noqa: E402
-from bench.harness.metrics import relative_error as rel  # noqa: E402
+
+from harness.metrics import relative_error as rel  # noqa: E402
 
 LATENT = (1, 16, 5, 12, 16)
 """(B, C, F, H, W): a 5 x 6 x 8 token grid (240 tokens per call and sample)."""
@@ -26,7 +27,7 @@ LATENT = (1, 16, 5, 12, 16)
 
 @pytest.fixture(scope="module")
 def wan(comfy: Any) -> Any:
-    from bench.harness import tiny_wan
+    from harness import tiny_wan
 
     return tiny_wan
 

@@ -12,7 +12,7 @@ import sys
 import types
 from pathlib import Path
 
-PACK_ROOT = Path(__file__).resolve().parents[2]
+PACK_ROOT = Path(__file__).resolve().parents[1]
 PACK_NAME = "comfyui_toma_pack"
 """Package name the pack folder is imported under in tests (ComfyUI derives one from the path)."""
 

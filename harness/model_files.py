@@ -143,6 +143,7 @@ def sd15_checkpoint(path: Path) -> Path:
     """One checkpoint file: ``model.diffusion_model.*``, ``cond_stage_model.transformer.*``,
     ``first_stage_model.*`` (fp16)."""
     import comfy.supported_models
+
     from .tiny_models import build
 
     unet = build(comfy.supported_models.SD15, SD15_UNET_CONFIG, seed=3).model.diffusion_model

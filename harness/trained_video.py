@@ -4,7 +4,7 @@ The model is ComfyUI's own Wan 2.1 T2V (``comfy.supported_models.WAN21_T2V`` ->
 ``comfy.model_base.WAN21`` -> ``comfy.ldm.wan.model.WanModel``; patch (1, 2, 2), text
 cross-attention, ``ModelSamplingDiscreteFlow`` with the class's shift 8), at width 64, whose weights
 ``bench/quality/train_video_fixture.py`` trained on the synthetic clips below. The file layout
-follows the image fixtures (``bench/harness/trained.py``): ``fixtures/wan.safetensors`` holds fp16
+follows the image fixtures (``harness/trained.py``): ``fixtures/wan.safetensors`` holds fp16
 weights and, under ``conditioning.``, the fixed fp32 context; ``fixtures/wan.json`` the config and
 provenance. Without the file ``load_model`` returns the same class with seeded random weights.
 

@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from .comfy_env import is_comfy_root, skip_or_fail
 
-PACK_ROOT = Path(__file__).resolve().parents[2]
+PACK_ROOT = Path(__file__).resolve().parents[1]
 
 TEACACHE = "ComfyUI-TeaCache"
 MAGCACHE = "ComfyUI-MagCache"

@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
+from harness.pack import pack_module
+from harness.tiny_models import init_weights, model_config
+
 from .cli import DTYPES
-from .pack import pack_module
-from .tiny_models import init_weights, model_config
 
 
 def build_patcher(config_cls: type, unet_config: dict, args: argparse.Namespace) -> Any:

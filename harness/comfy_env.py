@@ -24,7 +24,7 @@ from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
-PACK_ROOT = Path(__file__).resolve().parents[2]
+PACK_ROOT = Path(__file__).resolve().parents[1]
 """Root of this node pack (the folder holding ``bench/`` and ``tests/``)."""
 
 DEFAULT_COMFY_PATH = Path("~/comfy/ComfyUI").expanduser()
@@ -90,7 +90,7 @@ def put_on_sys_path(root: Path) -> None:
 
     The one ``sys.path`` edit in bench/ and tests/: ComfyUI is a source checkout, not an installable
     package, and its modules import each other as top-level names (``import comfy.model_management``,
-    ``import folder_paths``) from its root. Everything else (``bench.harness``, ``toma_core``, the pack
+    ``import folder_paths``) from its root. Everything else (``harness``, ``toma_core``, the pack
     through ``pack.py``) resolves from the repository root, which ``python -m`` puts on the path.
     """
     if str(root) not in sys.path:
@@ -121,8 +121,8 @@ def import_comfy() -> Path | str:
     put_on_sys_path(root)
     try:
         _force_cpu_unless_asked()
-        import comfy.model_management  # noqa: F401
         import comfy.model_base  # noqa: F401
+        import comfy.model_management  # noqa: F401
         import comfy.model_patcher  # noqa: F401
         import comfy.sample  # noqa: F401
         import comfy.supported_models  # noqa: F401

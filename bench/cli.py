@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import comfy_env
+from harness import comfy_env
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
