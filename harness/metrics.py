@@ -1,5 +1,5 @@
-"""How close an output stays to the exact one: relative error of tensors, PSNR and SSIM of images.
-One definition each, for the benches and the tests."""
+"""How close an output stays to the exact one: relative error of tensors, PSNR and SSIM of images,
+per-frame PSNR / SSIM and flicker of clips. One definition each, for the benches and the tests."""
 
 from __future__ import annotations
 
@@ -35,3 +35,15 @@ def ssim(reference: np.ndarray, image: np.ndarray) -> float:
     from skimage.metrics import structural_similarity
 
     return float(structural_similarity(reference, image, channel_axis=2, data_range=1.0))
+
+
+def clip_metrics(ref: np.ndarray, clip: np.ndarray) -> dict[str, Any]:
+    """Per-frame PSNR / SSIM of clip against ref, both (F, H, W, 3), and its flicker: the relative
+    error of the frame-to-frame change, ||diff(clip) - diff(ref)|| / ||diff(ref)|| over the whole
+    clip ("flicker") and per pair of frames ("flicker_pairs"); 0 when the clip moves as ref does."""
+    psnrs = [psnr(r, x) for r, x in zip(ref, clip)]
+    ssims = [ssim(r, x) for r, x in zip(ref, clip)]
+    d_ref, d = np.diff(ref, axis=0), np.diff(clip, axis=0)
+    pairs = [float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)) for a, b in zip(d, d_ref)]
+    whole = float(np.linalg.norm(d - d_ref) / max(np.linalg.norm(d_ref), 1e-12))
+    return {"psnr": psnrs, "ssim": ssims, "flicker": whole, "flicker_pairs": pairs}

@@ -47,10 +47,10 @@ TILE_FRAMES_RANGE = (1, 16)
 
 NODE_TILE_FRAMES = 4
 """Latent frames a video tile spans by default (the video families: Wan, HunyuanVideo, Kandinsky 5), so
-a token may merge with its neighbours in the next frames. Chosen by bench/quality/video_quality.py on
+a token may merge with its neighbours in the next frames. Chosen by the video quality study on
 the trained Wan fixture (2 and 4 frames tie within 0.2 dB at every ratio, ahead of 1 frame at ratios
 0.25 and 0.5), with a study of camera pans over photographs (at ratio 0.5, 4 frames no worse than 2
-at any pan speed; its script has left main, docs/video.md says where it is); figures in docs/video.md."""
+at any pan speed); both scripts have left main, docs/video.md says where they are and has the figures."""
 
 
 @dataclass(frozen=True)

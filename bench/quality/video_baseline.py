@@ -7,7 +7,7 @@ For each of SEEDS, samples the unpatched Wan fixture (``harness/trained_video.py
 defaults (tile_frames and the ``auto`` block list included) and the ToMA node of
 ``example_workflows/wan_toma.json`` (both experts carry the same settings), each with min_tokens 0
 (``trained.patch_at_node_defaults`` says why). Per setting: the mean per-frame PSNR (dB) and the
-flicker (``video_quality.clip_metrics``) against the unpatched clip. ``--write`` stores them with
+flicker (``harness.metrics.clip_metrics``) against the unpatched clip. ``--write`` stores them with
 the settings in fixtures/video_baseline.json; tests/integration/test_video_fixture.py recomputes
 them and fails on a drop beyond its margin or on settings that no longer match the record.
 """
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness.metrics import clip_metrics
 
 from .. import cli
 
@@ -86,8 +88,6 @@ def _clip(model: Any, seed: int) -> Any:
 def measure(seeds: tuple[int, ...] = SEEDS, which: tuple[str, ...] | None = None) -> dict[str, Any]:
     """{"settings": {name: [node, inputs]}, "results": {name: {"seeds", "psnr", "flicker", "mean", ...}}}."""
     from harness import trained_video as tv
-
-    from .video_quality import clip_metrics
 
     base = tv.load_model()
     chosen = {k: v for k, v in settings().items() if which is None or k in which}

@@ -56,7 +56,7 @@ PROBES: dict[str, list[tuple[rs.Grid, int]]] = {
 }
 """Token grids (and rounds) each family is timed on: the real token count where one call fits the
 CPU budget (Flux.1-dev and SDXL at 1024 px), smaller grids at the real width elsewhere (the fits).
-Flux 16 x 16 and SDXL 48 x 48 are the validation sizes (realsize_validate). Families without an entry
+Flux 16 x 16 and SDXL 48 x 48 are the validation sizes (docs/realsize.md, Validation). Families without an entry
 (Z-Image base, LongCat-Image) are priced by another family's probes (RealFamily.probes)."""
 
 ATTENTION = {128: [2048, 4096, 8192, 16384], 64: [2048, 4096, 8192], 40: [2048, 4096, 8192], 80: [2048, 4096, 8192],

@@ -204,15 +204,3 @@ def test_video_defaults_quality_does_not_drop(record: dict[str, Any]) -> None:
         assert got["mean"] >= was["mean"] - MARGIN_DB, f"{name}: PSNR {got['psnr']} < recorded {was['mean']:.2f} - {MARGIN_DB}"
         assert got["flicker_mean"] <= was["flicker_mean"] + FLICKER_MARGIN, f"{name}: flicker {got['flicker']}"
         assert got["mean"] < float("inf"), f"{name} left the clip bit-identical: it did not merge"
-
-
-def test_study_stacks_the_workflow_settings_on_the_caches(comfy: Path) -> None:
-    """video_quality.WORKFLOW is example_workflows/wan_toma.json's ToMA node (the basic node, whose
-    tile_frames and block list are the Advanced node's defaults)."""
-    from bench.quality import video_baseline, video_quality
-
-    settings = video_baseline.settings()
-    _, workflow = settings["wan_toma.json"]
-    _, advanced = settings["node defaults"]
-    merged = advanced | workflow
-    assert video_quality.WORKFLOW == {k: merged[k] for k in video_quality.WORKFLOW}
