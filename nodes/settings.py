@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule, kept_per_tile
+from ..toma_core import (
+    BUDGETS,
+    SIMILARITIES,
+    UNMERGES,
+    MergeSchedule,
+    check_ratio,
+    kept_per_tile,
+)
 
 TOMA_KEY = "comfyui_toma"
 """Pack-unique key: wrappers, the per-run state in transformer_options, log prefixes."""
@@ -32,7 +39,6 @@ Flux.1-dev (20 steps) and SDXL (30 steps, CFG) at 1024 x 1024, the one closest t
 mean PSNR among them; figures and the search table in docs/realsize.md. ToMASettings and MergeSchedule keep the paper's every-step schedule and
 tile 4 (the library defaults)."""
 
-RATIO_RANGE = (0.0, 0.95)
 RATIO_TOLERANCE = 0.02
 """A tile's rounding that moves the merged share by more than this is said in the log (settings.notes)."""
 TILE_SIZE_RANGE = (2, 32)
@@ -87,7 +93,7 @@ class ToMASettings:
     tile_frames: int = NODE_TILE_FRAMES
 
     def __post_init__(self) -> None:
-        _check_range("ratio", self.ratio, *RATIO_RANGE, "share of image tokens merged away")
+        check_ratio(self.ratio)
         _check_int("tile_size", self.tile_size, *TILE_SIZE_RANGE, "tokens per tile side")
         object.__setattr__(self, "min_tokens", parse_min_tokens(self.min_tokens))
         _check_range("temperature", self.temperature, *TEMPERATURE_RANGE, "0 = hard assignment")

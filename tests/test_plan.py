@@ -158,8 +158,8 @@ def test_float_features_in_other_dtype_than_tokens() -> None:
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"ratio": 1.0}, r"ratio=1.0 is outside \[0, 1\)"),
-        ({"ratio": -0.1}, r"ratio=-0.1 is outside \[0, 1\)"),
+        ({"ratio": 1.0}, r"ratio=1.0 is outside \[0, 0.95\]"),
+        ({"ratio": -0.1}, r"ratio=-0.1 is outside \[0, 0.95\]"),
         ({"tile_size": 0}, r"tile_size=0 must be an integer >= 1"),
         ({"height": 9}, r"does not match the grid"),
         ({"similarity": "dot"}, r"similarity='dot' is not supported"),

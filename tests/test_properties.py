@@ -23,6 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 from harness.pack import pack_module  # noqa: E402
 from toma_core import (  # noqa: E402
     BUDGETS,
+    RATIO_RANGE,
     SIMILARITIES,
     UNMERGES,
     MergeSchedule,
@@ -129,7 +130,7 @@ def test_unet_block_lists_accept_or_name_the_value(spec: str) -> None:
 # Settings -----------------------------------------------------------------------------------------
 
 GOOD = {
-    "ratio": st.floats(*settings_mod.RATIO_RANGE),
+    "ratio": st.floats(*RATIO_RANGE),
     "tile_size": st.integers(*settings_mod.TILE_SIZE_RANGE),
     "min_tokens": st.one_of(st.integers(*settings_mod.MIN_TOKENS_RANGE), st.sampled_from(["auto", "AUTO"])),
     "temperature": st.floats(*settings_mod.TEMPERATURE_RANGE),
@@ -223,7 +224,7 @@ GRID = st.one_of(
     st.tuples(st.just(1), st.integers(1, 40)), st.tuples(st.integers(1, 40), st.just(1)),
     st.tuples(st.integers(1, 12), st.integers(1, 12)),
 )
-RATIO = st.one_of(st.just(0.0), st.floats(0, 0.99), st.sampled_from([0.5, 0.75, 0.95]))
+RATIO = st.one_of(st.just(0.0), st.floats(*RATIO_RANGE), st.sampled_from([0.5, 0.75, RATIO_RANGE[1]]))
 TEMPERATURE = st.one_of(st.just(0.0), st.floats(1e-6, 10), st.sampled_from([1e-3, 1e-30, 1e-300, 5e-324]))
 
 

@@ -8,7 +8,7 @@ n tokens per tile, k destinations per tile.
 
 from __future__ import annotations
 
-from .checks import check_plan_args
+from .checks import RATIO_RANGE, check_plan_args, check_ratio
 from .facility import facility_location, greedy_with_gains
 from .plan import BUDGETS, UNMERGES, MergePlan, TiledMergePlan, make_plan
 from .schedule import MergeSchedule, SigmaWindow, StepDecision, step_index
@@ -17,6 +17,7 @@ from .tiling import TileGrid, kept_per_tile
 
 __all__ = [
     "BUDGETS",
+    "RATIO_RANGE",
     "SIMILARITIES",
     "UNMERGES",
     "MergePlan",
@@ -26,6 +27,7 @@ __all__ = [
     "TileGrid",
     "TiledMergePlan",
     "check_plan_args",
+    "check_ratio",
     "facility_location",
     "greedy_with_gains",
     "kept_per_tile",

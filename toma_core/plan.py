@@ -250,7 +250,7 @@ def make_plan(
 
     features: (B, N, C) with N = frames * height * width in t-major raster order (the block's
     input tokens); tiles span tile_frames frames (video tokens; see toma_core/video.py).
-    ratio in [0, 1): share of tokens merged away; D = sum over tiles of round(n_real * (1 - ratio)),
+    ratio in RATIO_RANGE ([0, 0.95], checks.py): share of tokens merged away; D = sum over tiles of round(n_real * (1 - ratio)),
     at least 1 per tile. tile_size >= 1 tokens per side (clamped to the grid). similarity:
     "cosine" (paper), "centered_cosine" or "neg_sq_dist". temperature >= 0:
     softmax(sim / temperature) over destinations; the paper's tau = 1000 is temperature 1e-3,

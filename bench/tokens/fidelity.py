@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from harness.metrics import relative_error
-from toma_core import BUDGETS, SIMILARITIES, make_plan
+from toma_core import BUDGETS, SIMILARITIES, check_ratio, make_plan
 
 log = logging.getLogger("toma.fidelity")
 
@@ -563,8 +563,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     """Reject bad settings with a ValueError naming the value and the allowed range."""
     for ratio in args.ratios:
-        if not 0 < ratio < 1:
-            raise ValueError(f"ratio={ratio} must be in (0, 1)")
+        check_ratio(ratio)
     for name in args.similarities:
         if name not in SIMILARITIES:
             raise ValueError(f"similarity={name!r} is not one of {', '.join(SIMILARITIES)}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ...toma_core import BUDGETS, SIMILARITIES, UNMERGES, MergeSchedule
+from ...toma_core import BUDGETS, RATIO_RANGE, SIMILARITIES, UNMERGES, MergeSchedule
 from ..families.registry import blocks_examples, node_models, video_models
 from ..settings import (
     NODE_MIN_TOKENS,
@@ -18,7 +18,6 @@ from ..settings import (
     NODE_START_PERCENT,
     NODE_TILE_FRAMES,
     NODE_TILE_SIZE,
-    RATIO_RANGE,
     SCOPES,
     TEMPERATURE_RANGE,
     TILE_FRAMES_RANGE,

@@ -52,7 +52,7 @@ def expected() -> dict[str, Any]:
     schedule = core.MergeSchedule()
     return {
         "basic": {
-            "ratio": ("FLOAT", settings.NODE_RATIO, *settings.RATIO_RANGE),
+            "ratio": ("FLOAT", settings.NODE_RATIO, *core.RATIO_RANGE),
             "tile_size": ("INT", settings.NODE_TILE_SIZE, *settings.TILE_SIZE_RANGE),
             "start_percent": ("FLOAT", settings.NODE_START_PERCENT, 0.0, 1.0),
             "end_percent": ("FLOAT", schedule.end_percent, 0.0, 1.0),
