@@ -16,7 +16,8 @@ config_mod = pack_module("nodes.run.config")
 report_mod = pack_module("nodes.run.report")
 wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
-merge = pack_module("nodes.machinery.merge")
+runner = pack_module("nodes.machinery.runner")
+flux = pack_module("nodes.families.flux")
 core = pack_module("toma_core")
 
 
@@ -172,7 +173,7 @@ def test_merge_rows_gives_destination_rows_and_keeps_text():
     torch.manual_seed(0)
     plan = core.make_plan(torch.randn(2, 36, 8), 6, 6, 0.5, 3)
     pe = torch.arange(2 * 1 * (4 + 36 + 3), dtype=torch.float32).view(2, 1, 43, 1)
-    merged = merge.merge_rows(pe, 2, 4, 36, plan)
+    merged = runner.merge_rows(pe, 2, 4, 36, plan)
     d = plan.num_kept
     assert merged.shape == (2, 1, 4 + d + 3, 1)
     assert torch.equal(merged[:, :, :4], pe[:, :, :4]) and torch.equal(merged[:, :, 4 + d:], pe[:, :, 40:])
@@ -183,24 +184,24 @@ def test_merge_rows_gives_destination_rows_and_keeps_text():
 def test_merge_rows_broadcasts_batch_one():
     plan = core.make_plan(torch.randn(2, 16, 8), 4, 4, 0.5, 2)
     pe = torch.randn(1, 1, 20, 3)
-    assert merge.merge_rows(pe, 2, 4, 16, plan).shape == (2, 1, 4 + plan.num_kept, 3)
+    assert runner.merge_rows(pe, 2, 4, 16, plan).shape == (2, 1, 4 + plan.num_kept, 3)
 
 
 def test_merge_mask_square_and_refuses_other_layouts():
     plan = core.make_plan(torch.randn(1, 16, 8), 4, 4, 0.5, 2)
     mask = torch.randn(1, 20, 20)
-    merged = merge.merge_mask(mask, plan, 4, 16, 20)
+    merged = flux.merge_mask(mask, plan, 4, 16, 20)
     d = plan.num_kept
     assert not isinstance(merged, contract.Unmerged) and merged.shape == (1, 4 + d, 4 + d)
     idx = torch.cat([torch.arange(4), 4 + plan.dst_index[0]])
     assert torch.equal(merged[0], mask[0][idx][:, idx])
-    assert isinstance(merge.merge_mask(torch.randn(1, 20), plan, 4, 16, 20), contract.Unmerged)
+    assert isinstance(flux.merge_mask(torch.randn(1, 20), plan, 4, 16, 20), contract.Unmerged)
 
 
 def test_identity_plan_span_roundtrip_is_exact():
     seq = torch.randn(2, 30, 8)
     plan = core.make_plan(seq[:, 5:25], 4, 5, 0.0, 2)
-    x, x_m, seq_m = merge.merge_span(seq, 5, 20, plan)
+    x, x_m, seq_m = runner.merge_span(seq, 5, 20, plan)
     assert torch.equal(seq_m, seq) and seq_m.data_ptr() != seq.data_ptr()
     out = seq_m * 2
-    assert torch.equal(merge.unmerge_span(out, 5, plan, x, x_m), out)
+    assert torch.equal(runner.unmerge_span(out, 5, plan, x, x_m), out)

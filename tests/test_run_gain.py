@@ -19,8 +19,7 @@ config_mod = pack_module("nodes.run.config")
 wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
 report = pack_module("nodes.run.report")
-timing = pack_module("nodes.run.call_timing")
-profile_mod = pack_module("nodes.run.cost_profile")
+gain_mod = pack_module("nodes.run.gain")
 core = pack_module("toma_core")
 cost = pack_module("toma_core.cost")
 
@@ -69,13 +68,13 @@ def sample(state, clock: FakeClock, merged_s: float, unmerged_s: float, sigmas=S
 
 
 def gain_of(state):
-    return timing.measure_gain(state.timer.calls(), state.predicted_speedup)
+    return gain_mod.measure_gain(state.timer.calls(), state.predicted_speedup)
 
 
 def test_gain_is_computed_from_the_recorded_call_times():
     clock = FakeClock()
     state = state_of(schedule=core.MergeSchedule(0.0, 0.5))  # steps 0, 1 merge; 2, 3 do not
-    state.timer = timing.CallTimer(clock)
+    state.timer = gain_mod.CallTimer(clock)
     sample(state, clock, merged_s=1.0, unmerged_s=2.0)
     gain = gain_of(state)
     assert gain.measured and gain.call == pytest.approx(2.0)
@@ -85,15 +84,15 @@ def test_gain_is_computed_from_the_recorded_call_times():
 
 
 def test_median_keeps_a_slow_first_call_from_counting():
-    calls = [timing.TimedCall((2, 64, 5), False, s) for s in (9.0, 2.0, 2.0)] + [timing.TimedCall((2, 64, 5), True, 1.0)] * 2
-    assert timing.measure_gain(calls, lambda key: 5.0).call == pytest.approx(2.0)
+    calls = [gain_mod.TimedCall((2, 64, 5), False, s) for s in (9.0, 2.0, 2.0)] + [gain_mod.TimedCall((2, 64, 5), True, 1.0)] * 2
+    assert gain_mod.measure_gain(calls, lambda key: 5.0).call == pytest.approx(2.0)
 
 
 def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
     clock = FakeClock()
-    profile = profile_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    profile = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
     state = state_of(cost_profile=profile)  # window 0-1: every step merges
-    state.timer = timing.CallTimer(clock)
+    state.timer = gain_mod.CallTimer(clock)
     sample(state, clock, merged_s=1.0, unmerged_s=2.0)
     gain = gain_of(state)
     assert not gain.measured
@@ -105,7 +104,7 @@ def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
 
 def test_no_merged_call_gives_no_gain():
     state = state_of(ratio=0.0)
-    state.timer = timing.CallTimer(FakeClock())
+    state.timer = gain_mod.CallTimer(FakeClock())
     sample(state, FakeClock(), merged_s=1.0, unmerged_s=2.0)
     assert gain_of(state) is None
 
@@ -114,18 +113,18 @@ def test_no_merged_call_gives_no_gain():
 def test_slower_merged_calls_warn_and_name_the_widget(caplog, min_tokens, widget):
     clock = FakeClock()
     state = state_of(schedule=core.MergeSchedule(0.0, 0.5), min_tokens=min_tokens)
-    state.timer = timing.CallTimer(clock)
+    state.timer = gain_mod.CallTimer(clock)
     sample(state, clock, merged_s=3.0, unmerged_s=2.0)
-    with caplog.at_level(logging.WARNING, logger=f"{PACK_NAME}.nodes.run.call_timing"):
-        timing.warn_if_slower(gain_of(state), min_tokens)
-        timing.warn_if_slower(timing.Gain(1.2, 1.1, True, (2, 64, 5)), min_tokens)  # faster: no warning
+    with caplog.at_level(logging.WARNING, logger=f"{PACK_NAME}.nodes.run.gain"):
+        gain_mod.warn_if_slower(gain_of(state), min_tokens)
+        gain_mod.warn_if_slower(gain_mod.Gain(1.2, 1.1, True, (2, 64, 5)), min_tokens)  # faster: no warning
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "slower than unmerged ones (0.67x)" in warning and widget in warning
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_calls_are_timed_with_events_read_at_the_end():
-    timer = timing.CallTimer(lambda: pytest.fail("the CPU clock timed a CUDA call"))
+    timer = gain_mod.CallTimer(lambda: pytest.fail("the CPU clock timed a CUDA call"))
     x = torch.randn(256, 256, device="cuda")
     for merged in (False, True, True):
         start = timer.start(x)
@@ -137,8 +136,8 @@ def test_cuda_calls_are_timed_with_events_read_at_the_end():
 
 
 def test_auto_runs_a_call_unmerged_where_the_cost_model_predicts_no_gain():
-    tiny = profile_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
-    wide = profile_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    tiny = gain_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
+    wide = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
     for profile, merges in ((tiny, False), (wide, True)):
         state = state_of(cost_profile=profile, min_tokens="auto")
         sample(state, FakeClock(), 1.0, 1.0)
@@ -206,7 +205,7 @@ def test_at_the_node_defaults_a_few_step_run_merges_its_share_or_warns(few):
 
 
 def test_a_loss_reads_as_slower():
-    assert "merged calls 1.25x slower than unmerged ones" in timing.Gain(0.8, 0.9, True, (1, 64, 0)).text()
+    assert "merged calls 1.25x slower than unmerged ones" in gain_mod.Gain(0.8, 0.9, True, (1, 64, 0)).text()
 
 
 def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, unmerged_s: float) -> runtime.RunState:
@@ -214,14 +213,14 @@ def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, u
     decides) whose merged calls take merged_s on the timer's clock, unmerged ones unmerged_s."""
     clock = FakeClock()
     state = state_of(steps(count), schedule=core.MergeSchedule(start, 1.0), min_tokens=min_tokens)
-    state.timer = timing.CallTimer(clock)
+    state.timer = gain_mod.CallTimer(clock)
     sample(state, clock, merged_s=merged_s, unmerged_s=unmerged_s, sigmas=steps(count))
     return state
 
 
 def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
     state = long_run(8, 0.5, "auto", merged_s=3.0, unmerged_s=2.0)  # steps 0-3 unmerged, 4-7 in the window
-    assert state.stats.merged_calls == timing.AUTO_MIN_MERGED == 2
+    assert state.stats.merged_calls == gain_mod.AUTO_MIN_MERGED == 2
     record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain_of(state)))
     assert record.unmerged_calls.get("merging measured slower (0.67x) at this size, stopped by min_tokens auto") == 2, record
     assert record.steps_merged == 2 and record.total_steps == 8
@@ -229,7 +228,7 @@ def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
 
 @pytest.mark.parametrize("min_tokens, merged_s, merged", [
     ("auto", 1.0, 4),  # faster
-    ("auto", 2.0 / (timing.AUTO_STOP_BELOW + 0.05), 4),  # slower, but within a noisy clock's reach: no flip
+    ("auto", 2.0 / (gain_mod.AUTO_STOP_BELOW + 0.05), 4),  # slower, but within a noisy clock's reach: no flip
     (0, 3.0, 4),  # a number always merges
 ])
 def test_auto_keeps_merging_faster_calls_and_a_number_always_merges(min_tokens, merged_s, merged):
@@ -239,12 +238,12 @@ def test_auto_keeps_merging_faster_calls_and_a_number_always_merges(min_tokens, 
 
 
 def test_auto_judges_only_finished_calls_of_the_same_shape():
-    timer = timing.CallTimer(FakeClock())
+    timer = gain_mod.CallTimer(FakeClock())
     key, other = (2, 64, 5), (2, 256, 5)
     timer._marks += [(other, False, 0.0, 9.0), (key, True, 0.0, 3.0), (key, True, 0.0, 3.0)]
     assert timer.auto_stop(key) is None  # no unmerged call of its own shape yet
     timer._marks.append((key, False, 0.0, 2.0))
-    assert timer.auto_stop(key) == timing.auto_stop_reason(2.0 / 3.0) and timer.auto_stop(other) is None
+    assert timer.auto_stop(key) == gain_mod.auto_stop_reason(2.0 / 3.0) and timer.auto_stop(other) is None
     assert timer.stopped == {key: pytest.approx(2.0 / 3.0)}
 
 

@@ -14,7 +14,7 @@ from harness.pack import pack_module
 report = pack_module("nodes.run.report")
 config_mod = pack_module("nodes.run.config")
 settings_mod = pack_module("nodes.settings")
-timing = pack_module("nodes.run.call_timing")
+gain_mod = pack_module("nodes.run.gain")
 wrappers = pack_module("nodes.run.wrappers")
 contract = pack_module("nodes.contract")
 core = pack_module("toma_core")
@@ -25,7 +25,7 @@ class FakeAdapter:
 
 
 # Unmerged reasons as the code words them: a call reason with a colon inside parentheses, one with a
-# colon and a semicolon (cost_profile.CostProfile.auto_veto's wording), a block reason with a tuple's
+# colon and a semicolon (gain.CostProfile.auto_veto's wording), a block reason with a tuple's
 # commas, and the merge_every reason with "=".
 NO_BLOCK_MERGED = wrappers.NO_BLOCK_MERGED
 AUTO_VETO = (
@@ -61,10 +61,10 @@ STATUSES = {
 }
 GAINS = [
     None,
-    timing.Gain(2.0, 4 / 3, True, (2, 128, 5)),
-    timing.Gain(0.8, 0.9, False, (2, 128, 5)),
-    timing.Gain(1.23456, 0.66666, True, (2, 128, 5)),
-    timing.Gain(0.999, 1.004, True, (2, 128, 5)),  # "1.00x slower" / "1.00x faster"
+    gain_mod.Gain(2.0, 4 / 3, True, (2, 128, 5)),
+    gain_mod.Gain(0.8, 0.9, False, (2, 128, 5)),
+    gain_mod.Gain(1.23456, 0.66666, True, (2, 128, 5)),
+    gain_mod.Gain(0.999, 1.004, True, (2, 128, 5)),  # "1.00x slower" / "1.00x faster"
 ]
 
 
@@ -116,7 +116,7 @@ def test_a_run_without_tokens_or_unmerged_reads_back():
 
 CODE_REASONS = [
     wrappers.IDLE_CALL,
-    timing.auto_stop_reason(2 / 3),
+    gain_mod.auto_stop_reason(2 / 3),
     config_of(ratio=0.1, tile_size=2).off_reason,
     pack_module("nodes.families.wan").S2V_REASON,
     pack_module("nodes.families.hidream").EDIT,

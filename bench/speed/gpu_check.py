@@ -12,7 +12,7 @@ Sections of the file, each written as soon as it is done (a run cut short keeps 
    node defaults' ratio and tile (nodes/settings.py NODE_RATIO, NODE_TILE_SIZE; video tiles span
    NODE_TILE_FRAMES frames; blocks "all", every call merged, the plan built in the call), in turns,
    in bf16 with torch SDPA. Beside the measured speed-up: the cost model's prediction for that same
-   model and call (nodes/run/cost_profile.py over toma_core/cost.py, on the run's device type).
+   model and call (nodes/run/gain.py over toma_core/cost.py, on the run's device type).
 2. `min_tokens auto`: the full-size model (built on torch's meta device) patched as the ToMA Patch
    node patches it (node defaults, min_tokens auto), and the decision its cost profile takes for
    a call of each size (CostProfile.auto_veto) on "cuda" and on "cpu".
@@ -142,7 +142,7 @@ def meta_patcher(name: str, overrides: dict[str, Any]) -> Any:
 
 
 def others(name: str) -> int:
-    """Text tokens of the family's usual prompt (cost_profile drops them where text is cross-attention)."""
+    """Text tokens of the family's usual prompt (the cost profile drops them where text is cross-attention)."""
     return rs.family(name).text_len
 
 
@@ -175,7 +175,7 @@ def timing_table(rows: list[dict[str, Any]], skipped: list[str], device: str, dt
     lines = [f"## Block timings ({dtype}, torch SDPA, {device})", "",
              "One call of the few-block model at the real width (realsize_measure.probe), unmerged and merged at the "
              "node defaults' ratio and tile on every block; median of the rounds. \"predicted\": the cost model "
-             "(nodes/run/cost_profile.py) for that model and call.", "",
+             "(nodes/run/gain.py) for that model and call.", "",
              "| family | size | image tokens N | unmerged ms | merged ms | plan ms | measured | predicted |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -205,10 +205,10 @@ def auto_rows(name: str) -> list[dict[str, Any]]:
 
 
 def auto_table(rows: list[dict[str, Any]], skipped: list[str]) -> str:
-    floor = pack_module("nodes.run.cost_profile").AUTO_MIN_SPEEDUP
+    floor = pack_module("nodes.run.gain").AUTO_MIN_SPEEDUP
     lines = ["## min_tokens auto", "",
              f"The full-size model patched at the node defaults (min_tokens auto); a call merges when its predicted "
-             f"speed-up is at least {floor:g}x (nodes/run/cost_profile.py).", "",
+             f"speed-up is at least {floor:g}x (nodes/run/gain.py).", "",
              "| family | size | image tokens N | batch | predicted (cuda) | auto (cuda) | predicted (cpu) | auto (cpu) |",
              "|---|---|---:|---:|---:|---|---:|---|"]
     for r in rows:

@@ -31,7 +31,7 @@ def time_plan(x: torch.Tensor, frames: int, height: int, width: int, tile: int, 
               repeats: int) -> tuple[float, float, float]:
     """(fastest CPU ms, slowest / fastest, wall / CPU) of make_plan on x (1, N, C)."""
     core = pack_module("toma_core")
-    features = pack_module("nodes.machinery.merge").features
+    features = pack_module("nodes.machinery.runner").features
     cpu, wall = [], []
     for _ in range(repeats):
         c0, w0 = time.process_time(), time.perf_counter()

@@ -269,7 +269,7 @@ def patch_model(patcher: Any, setting: Any) -> Any:
 def plan_ms(tokens: rs.Grid, channels: int, ratio: float, tile_size: int, clock: Clock, device: str, repeats: int = 2) -> float:
     """ms of one plan (toma_core.make_plan on the features the hooks use) for a grid and width."""
     core = rs.pack_module("toma_core")
-    features = rs.pack_module("nodes.machinery.merge").features
+    features = rs.pack_module("nodes.machinery.runner").features
     x = torch.randn((1, tokens.tokens, channels), device=device)
     frames = {"frames": tokens.frames, "tile_frames": 2} if tokens.frames > 1 else {}
     best = []

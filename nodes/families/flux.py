@@ -10,7 +10,8 @@ Each selected block gets a `patches_replace["dit"]` entry. Inside, for a merged 
 Text tokens and Kontext reference tokens pass through untouched, with their pe rows; merged
 tokens take their destination's pe rows (plan.take on the pe token axis). Every hook returns N
 image tokens, so ControlNet residuals and step caches keep working. The hooks only say where the
-image tokens and per-token tables are (`double_span`, `single_span`); the merged run is the one
+image tokens and per-token tables are (`double_span`, `single_span`) and merge the attention mask
+(`merged_mask`: `merge_mask`, and `add_key_bias` for proportional attention); the merged run is the one
 every DiT family shares (machinery/runner.py): the plan is built by the first merged block of
 a forward from a parameter-free LayerNorm of its image tokens and reused by the other blocks. All
 per-step decisions are made eagerly in wrappers.apply_model_wrapper; the hooks only read the
@@ -38,14 +39,21 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from ...toma_core import MergePlan
-from ..contract import TOKENS_DIFFER, Unmerged
+from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
-from ..machinery.merge import add_key_bias, merge_mask
-from ..machinery.runner import ImageSpan, Rows, image_plan, merged_dit_block, run_hook
+from ..machinery.runner import (
+    ImageSpan,
+    Rows,
+    image_plan,
+    merge_rows,
+    merged_dit_block,
+    run_hook,
+)
 from ..machinery.spans import RowMove, moved_keyword, span_forward, with_move
 from ..run.runtime import CallContext
 from ..settings import ToMASettings
@@ -140,6 +148,41 @@ def merged_mask(args: dict, ctx: CallContext, plan: MergePlan, text_len: int, le
         return mask
     bias = plan.size_bias() if ctx.settings.proportional_attention else None
     return add_key_bias(mask, bias, text_len, length - n + plan.num_kept, dtype)
+
+
+def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> torch.Tensor | None | Unmerged:
+    """Merge an attention mask over the L = `length` tokens of the block's attention.
+
+    A (L, L), (B, L, L) or (B, H, L, L) mask keeps the destinations' rows and columns; None stays
+    None. Unmerged when the mask has another layout (the block then runs unmerged).
+    """
+    if mask is None:
+        return None
+    if mask.ndim < 2 or mask.shape[-1] != length or mask.shape[-2] != length:
+        return layout_changed(f"attn_mask of shape {tuple(mask.shape)} is not (..., {length}, {length})")
+    if mask.ndim == 2:
+        mask = mask.unsqueeze(0)
+    rows = merge_rows(mask, mask.ndim - 2, start, n, plan)
+    return merge_rows(rows, rows.ndim - 1, start, n, plan)
+
+
+def add_key_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, start: int, length: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """Proportional attention: add bias (B, D), the merged tokens' log cluster sizes, to the
+    logits of keys [start, start+D) of a length-L attention ("proportional attention", Bolya et
+    al., Token Merging: Your ViT but Faster, ICLR 2023, §3); text and reference keys get 0. An
+    existing merged mask (bool or additive, 2-4 dims) is kept. Returns an additive (B, H|1, L|1, L) mask in `dtype`, or `mask` when bias is None.
+    """
+    if bias is None:
+        return mask
+    b, d = bias.shape
+    row = F.pad(bias.to(dtype), (start, length - start - d)).view(b, 1, 1, length)
+    if mask is None:
+        return row
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    while mask.ndim < 4:
+        mask = mask.unsqueeze(-3) if mask.ndim == 3 else mask.unsqueeze(0)
+    return mask.to(dtype) + row
 
 
 def merged_attention(args: dict, extra: dict, block: Block) -> dict:

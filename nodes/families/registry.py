@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..contract import FamilyAdapter
-from ..run.cost_profile import CostModel, DitCost
+from ..run.gain import CostModel, DitCost
 from ..settings import ToMASettings
 from . import (
     flux,
@@ -44,7 +44,7 @@ class Family:
     diffusion-model classes ("module:Class"); apply: its adapter's apply (families/<name>.py);
     streams: ((group, ModuleList attribute), ...) of the blocks its `blocks` setting names (a DiT's;
     the UNet names its blocks by level, families/unet_blocks.py); cost: how the cost model prices it
-    (cost_profile.py); title, models, how, limits: its README row; node_models: how the nodes'
+    (run/gain.py); title, models, how, limits: its README row; node_models: how the nodes'
     description and model tooltip name it; blocks_example: a `blocks` list for the Advanced node's
     tooltip, valid on every model of the family; video: it reads `tile_frames`."""
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import torch
 
 from ...toma_core.cost import LINEAR_UNET, BlockCost
-from ..run.cost_profile import CostProfile, tile_tokens
+from ..run.gain import CostProfile, tile_tokens
 from ..settings import ToMASettings
 from .unet_blocks import parse_unet_blocks
 from .unet_sites import find_sites, levels
 
 
 class UNetCost:
-    """Prices a UNet level by level (a contract for cost_profile.CostModel)."""
+    """Prices a UNet level by level (a contract for gain.CostModel)."""
 
     def profile(self, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool) -> CostProfile:
         """merged_blocks is unused: which transformer blocks merge is read per site from the setting."""

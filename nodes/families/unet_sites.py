@@ -12,7 +12,7 @@ import torch
 
 from ...toma_core import MergePlan
 from ..contract import Unmerged
-from ..machinery.merge import features
+from ..machinery.runner import features
 from ..run.runtime import CallContext
 from .unet_blocks import BlockId
 

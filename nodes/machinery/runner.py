@@ -1,5 +1,7 @@
-"""How a block hook runs, for every family: the one skeleton every hook runs (`run_hook`) and the
-merged run of a block whose image tokens are a span of one argument (`run_merged`, `merged_dit_block`).
+"""How a block hook runs, for every family: the one skeleton every hook runs (`run_hook`), the
+merged run of a block whose image tokens are a span of one argument (`run_merged`, `merged_dit_block`)
+and the merging around one block that both are made of (`merge_span`, `unmerge_span`, the per-token
+rows and key masks), read top to bottom in that order.
 
 `run_hook`: find the running call's CallContext (none: the run counts as an orphan and the block runs
 as it is), run the block as it is when the call does not merge, else let the family merge it; then
@@ -20,6 +22,20 @@ axis, where the image rows start in it and whether it is a key mask, whose last 
 token); `run_merged` does the rest, with the call's plan from the one plan builder
 (run/runtime.py CallContext.plan). A table of an unexpected shape runs the block unmerged, counted
 with the reason.
+
+Merging around one block, shared by every family (the UNet's sites use `features` too): a block
+sees a sequence (B, L, C) in which the N image tokens of the main grid sit at [start, start + N);
+text and extra tokens (reference images) around them pass through. The plan (toma_core.MergePlan)
+maps the span to D merged tokens and a block's change back:
+
+    x = seq[:, start:start+N]                  (B, N, C)
+    seq_m = [head; M x; tail]                  (B, L - N + D, C), a fresh tensor (merge_span)
+    out = block(seq_m, rows gathered to the D destinations)   (merge_rows, merge_key_mask)
+    y = [head'; x + U(out_span - M x); tail']  (B, L, C)     (unmerge_span)
+
+The merged sequence is always a fresh tensor and the delta is taken against our own copy of
+M x, so blocks that write into their input in place (`x += ...` in comfy.ldm.flux.layers.
+SingleStreamBlock, Chroma's and HunyuanVideo's blocks) cannot zero the delta.
 """
 
 from __future__ import annotations
@@ -30,14 +46,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 
 from ...toma_core import MergePlan
 from ...toma_core.video import Segment
 from ..contract import Unmerged, layout_changed
 from ..run.runtime import CallContext, compiling, find_call, note_orphan
 from .hooks import MergedBlock
-from .merge import features, merge_key_mask, merge_rows, merge_span, unmerge_span
-from .spans import unless_cut
+from .spans import MOVE_KEY, MOVED_KEY, NOT_MOVED, SpansCut
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +168,18 @@ def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: 
     return merged
 
 
+def unless_cut(call: Callable[[], R], options: dict | None = None) -> R | Unmerged:
+    """call(), a merged block run, or the layout reason when its forward patch raised SpansCut or,
+    for `options` made by with_move, never moved the spans (NOT_MOVED)."""
+    try:
+        out = call()
+    except SpansCut as cut:
+        return cut.unmerged
+    if options is not None and MOVE_KEY in options and not options[MOVED_KEY]:
+        return NOT_MOVED
+    return out
+
+
 def run_merged(
     ctx: CallContext, slot: str, seq: torch.Tensor, span: ImageSpan, args: dict, call: Callable[[torch.Tensor, dict], R],
     output: Callable[[R], torch.Tensor], rebuild: Callable[[R, torch.Tensor], R],
@@ -162,7 +190,7 @@ def run_merged(
     call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
     output(out) picks the merged sequence from its result; rebuild(out, seq') puts the unmerged
     sequence back. Returns the rebuilt result, or an Unmerged when a table has another layout or
-    the block's forward patch found spans it cannot move (spans.SpansCut; nothing ran).
+    the block's forward patch found spans it cannot move (spans.SpansCut; nothing ran: unless_cut).
     """
     n = ctx.geometry.tokens if span.tokens is None else span.tokens
     image = seq[:, span.start:span.start + n]
@@ -199,3 +227,52 @@ def merged_dit_block(slot: str, locate: Callable[[dict, CallContext], ImageSpan 
         return run_hook(args, extra, lambda: block(args), merged)
 
     return merged_block
+
+
+def features(x: torch.Tensor) -> torch.Tensor:
+    """Plan features of image tokens x (B, N, C): parameter-free LayerNorm in fp32 (B, N, C)."""
+    return F.layer_norm(x.float(), (x.shape[-1],))
+
+
+def merge_span(seq: torch.Tensor, start: int, n: int, plan: MergePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge tokens [start, start+n) of seq (B, L, C).
+
+    Returns x (B, N, C) the original span, x_m (B, D, C) its merge, and a fresh (B, L-N+D, C)
+    sequence with x_m in place of the span (fresh, so an in-place block cannot touch x or x_m).
+    """
+    x = seq[:, start:start + n]
+    x_m = plan.merge(x)
+    return x, x_m, torch.cat([seq[:, :start], x_m, seq[:, start + n:]], dim=1)
+
+
+def unmerge_span(out: torch.Tensor, start: int, plan: MergePlan, x: torch.Tensor, x_m: torch.Tensor) -> torch.Tensor:
+    """Block output out (B, L-N+D, C) -> (B, L, C): the merged span becomes x + U(out_span - x_m)."""
+    d = plan.num_kept
+    y = plan.unmerge_residual(x, x_m, out[:, start:start + d])
+    return torch.cat([out[:, :start], y, out[:, start + d:]], dim=1)
+
+
+def merge_rows(rows: torch.Tensor | None, dim: int, start: int, n: int, plan: MergePlan) -> torch.Tensor | None:
+    """Per-token rows (pe, mask) along `dim`: rows [start, start+n) -> the D destinations' rows.
+
+    rows has batch 1 or B in dim 0; the other spans are expanded to the plan's batch if needed.
+    """
+    if rows is None:
+        return None
+    span = plan.take(rows.narrow(dim, start, n), dim)
+    head = rows.narrow(dim, 0, start)
+    tail = rows.narrow(dim, start + n, rows.shape[dim] - start - n)
+    if span.shape[0] != rows.shape[0]:
+        head = head.expand(span.shape[0], *head.shape[1:])
+        tail = tail.expand(span.shape[0], *tail.shape[1:])
+    return torch.cat([head, span, tail], dim=dim)
+
+
+def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> torch.Tensor | None | Unmerged:
+    """Merge a key mask (B|1, ..., L) over the L = `length` keys (HunyuanVideo's (1, 1, L),
+    Lumina2's (B, L)): the destinations' columns. Unmerged for another layout."""
+    if mask is None:
+        return None
+    if mask.ndim < 2 or mask.shape[-1] != length:
+        return layout_changed(f"key mask of shape {tuple(mask.shape)} does not end in {length} keys")
+    return merge_rows(mask, mask.ndim - 1, start, n, plan)

@@ -14,18 +14,18 @@ merges (Lumina2), the family moves them before merging (`moved_spans`). Where th
 block's forward as a keyword, after ComfyUI's wrapper (Flux, Qwen-Image), the merged run puts its
 `RowMove` in a copy of transformer_options (`with_move`) and an object patch of the block's
 forward (`span_forward`) moves the keyword. A boundary cut there raises `SpansCut` before the
-block runs; the merged run catches it (`unless_cut`) and the block runs unmerged: nothing ran on the
-merged tokens, and the block's inputs are untouched. The forward patch also notes in those options
-that it moved the spans: when another node's object patch of the same forward replaced ToMA's
-after it was installed, nothing moved them, and `unless_cut` discards the merged result (the
-block runs again unmerged, with the layout reason) rather than keep rows modulated as other rows.
+block runs; the merged run catches it (runner.py `unless_cut`) and the block runs unmerged:
+nothing ran on the merged tokens, and the block's inputs are untouched. The forward patch also
+notes in those options that it moved the spans (MOVED_KEY): when another node's object patch of
+the same forward replaced ToMA's after it was installed, nothing moved them, and `unless_cut`
+discards the merged result (NOT_MOVED: the block runs again unmerged, with the layout reason)
+rather than keep rows modulated as other rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ...toma_core import MergePlan
 from ...toma_core.video import SegmentPlan
@@ -40,8 +40,6 @@ MOVED_KEY = "toma_row_moved"
 
 NOT_MOVED = layout_changed("modulation spans not moved: another node patched the block's forward after ToMA")
 """A merged run whose block forward never saw ToMA's forward patch (see the module docstring)."""
-
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -97,18 +95,6 @@ def moved_spans(spans, move: RowMove, name: str, cut: str = CUT) -> list[tuple] 
     if inside:
         return layout_changed(cut.format(name=name, bound=inside[0]))
     return [(*moved, *span[2:]) for span, moved in zip(spans, bounds)]
-
-
-def unless_cut(call: Callable[[], R], options: dict | None = None) -> R | Unmerged:
-    """call(), a merged block run, or the layout reason when its forward patch raised SpansCut or,
-    for `options` made by with_move, never moved the spans (NOT_MOVED)."""
-    try:
-        out = call()
-    except SpansCut as cut:
-        return cut.unmerged
-    if options is not None and MOVE_KEY in options and not options[MOVED_KEY]:
-        return NOT_MOVED
-    return out
 
 
 def with_move(options: dict | None, move: RowMove) -> dict:

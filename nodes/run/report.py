@@ -1,5 +1,5 @@
 """The one-line summary of a sampling run: what ToMA merged, what ran unmerged and why, whether it
-was bypassed, cancelled or stopped by an error, and what it gained (call_timing.py); and the
+was bypassed, cancelled or stopped by an error, and what it gained (gain.py); and the
 warning for a schedule that merges (almost) none of a run's steps. RunStats is filled eagerly by
 the wrappers (wrappers.py) and the block hooks (CallContext.record_block); at the end of a run
 `run_record` turns it into a RunRecord, the line's facts as fields, which `RunRecord.line` prints,
@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from .call_timing import MEASURED_GAIN, PREDICTED_GAIN, Gain, gain_text
 from .config import ToMAConfig
+from .gain import MEASURED_GAIN, PREDICTED_GAIN, Gain, gain_text
 
 if TYPE_CHECKING:
     from ..settings import ToMASettings
@@ -74,7 +74,7 @@ STATUS_TEXT: dict[str, str] = {
 
 @dataclass(frozen=True)
 class RunGain:
-    """The gain a run line states (call_timing.Gain without its call key): call, the merged calls'
+    """The gain a run line states (gain.Gain without its call key): call, the merged calls'
     speed-up over unmerged ones; run, the run's predicted speed-up over running without ToMA; both
     as the line prints them (2 decimals; "F.FFx slower" is 1 / F.FF); measured False when call is
     the cost model's prediction."""
@@ -88,7 +88,7 @@ class RunGain:
         return cls(_stated(gain.call), _stated(gain.run), gain.measured)
 
     def text(self) -> str:
-        """The run line's last part (call_timing.gain_text)."""
+        """The run line's last part (gain.gain_text)."""
         return gain_text(self.call, self.run, self.measured)
 
 
@@ -175,7 +175,7 @@ def run_record(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Ga
 
 def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None) -> str:
     """One line: tokens before/after, blocks and steps merged, plans built, what ran unmerged and
-    why, the settings, and the run's gain (measured, see call_timing.py) when a call merged."""
+    why, the settings, and the run's gain (measured, see gain.py) when a call merged."""
     return run_record(config, stats, orphan_blocks, gain).line()
 
 
@@ -259,7 +259,7 @@ def _status(text: str) -> tuple[Status | None, int | None]:
 
 
 def _gain(text: str) -> RunGain | None:
-    """The gain part (call_timing.MEASURED_GAIN or PREDICTED_GAIN), None for another part."""
+    """The gain part (gain.MEASURED_GAIN or PREDICTED_GAIN), None for another part."""
     faster = r"(\d+\.\d\d)x (faster|slower)"
     for wording in (MEASURED_GAIN, PREDICTED_GAIN):
         pattern = re.escape(wording).replace(re.escape("{call}"), faster).replace(re.escape("{run}"), faster)

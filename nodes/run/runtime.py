@@ -44,8 +44,8 @@ from ...toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
 from ...toma_core.video import Segment, make_video_plan
 from ..contract import CallGeometry
 from ..settings import CALL_KEY, ToMASettings
-from .call_timing import CallKey, CallTimer
 from .config import ToMAConfig
+from .gain import CallKey, CallTimer
 from .report import RunStats
 
 TORCH_COMPILE_KWARGS = "torch_compile_kwargs"

@@ -4,7 +4,7 @@ per-call state of runtime.py.
 - OUTER_SAMPLE (`outer_sample_wrapper`): a fresh RunState for each sampling run (the EasyCache
   pattern), its sigma window, the run's summary line at the end (report.py).
 - APPLY_MODEL (`apply_model_wrapper`): the per-call decision (step, merge on/off, epoch, token
-  grid, batch composition; min_tokens "auto"'s measured stop, call_timing.CallTimer.auto_stop) made
+  grid, batch composition; min_tokens "auto"'s measured stop, gain.CallTimer.auto_stop) made
   eagerly in `build_call`, the CallContext exposed to the block
   hooks for the call, and the plans they built kept for later calls. APPLY_MODEL rather than
   DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model` (DIFFUSION_MODEL wrappers
@@ -21,7 +21,7 @@ import torch
 from ...toma_core import StepDecision
 from ..contract import CallGeometry
 from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
-from .call_timing import measure_gain, warn_if_slower
+from .gain import measure_gain, warn_if_slower
 from .report import TOMA_RUN, bypassed, run_record, schedule_warning
 from .runtime import (
     TORCH_COMPILE_KWARGS,

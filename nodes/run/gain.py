@@ -1,28 +1,35 @@
-"""What a sampling run gained, measured: the time of each model call, merged or not, and the
-sentence the run's log line ends with.
+"""What a merged call gains, predicted by the cost model and measured by the run's timer, and
+`min_tokens = "auto"`, which asks both (the APPLY_MODEL wrapper's `_auto_veto`, wrappers.py).
 
-On a GPU each call is bracketed by two CUDA events recorded on the current stream; they are read
-only at the end of the run (one synchronisation, after sampling), so timing adds none inside the
-sampling loop. On the CPU a call returns when its work is done, so a monotonic clock
+Predicted (`CostProfile`): the cost model's view of a patched model (toma_core.cost), read once, when
+the node runs, from the diffusion model's own modules by the family's CostModel (its registry entry):
+`DitCost` for a DiT (its width and block lists; the adapter says how many blocks the setting
+merges), families/unet_cost.py for the UNet. min_tokens "auto" merges a call only where it predicts
+a gain of at least AUTO_MIN_SPEEDUP for the family's width, the call's token count and the plan's
+tile (tile_size^2 x tile_frames tokens). It is calibrated on a CPU only: the run's measurement checks it.
+
+Measured (`CallTimer`): the time of each model call, merged or not, and the sentence the run's log
+line ends with. On a GPU each call is bracketed by two CUDA events on the current stream, read only
+at the end of the run (one synchronisation, after sampling); on the CPU a monotonic clock
 (time.perf_counter, or the clock a test injects) brackets it.
 
 min_tokens "auto" also judges by measurement during the run (`CallTimer.auto_stop`, asked eagerly by
-the APPLY_MODEL wrapper before each merge-eligible call): as soon as a shape has unmerged calls and
-AUTO_MIN_MERGED merged ones that have finished, it compares their medians (the first merged call of
-the shape left out: it carries one-off work such as a torch.compile trace), and when merged calls are
-clearly slower (AUTO_STOP_BELOW) it stops merging calls of that shape for the rest of the run, the run line saying why. The cost
-model is calibrated on a CPU only; this check needs no calibration, so on a GPU (CUDA events, read
-only once finished: `torch.cuda.Event.query`, no synchronisation) it is what keeps a predicted gain
-honest.
+the APPLY_MODEL wrapper before each merge-eligible call, before the cost model): as soon as a shape
+has unmerged calls and AUTO_MIN_MERGED merged ones that have finished, it compares their medians (the
+first merged call of the shape left out: it carries one-off work such as a torch.compile trace), and
+when merged calls are clearly slower (AUTO_STOP_BELOW) it stops merging calls of that shape for the
+rest of the run, the run line saying why. This check needs no calibration, so on a GPU (CUDA events,
+read only once finished: `torch.cuda.Event.query`, no synchronisation) it is what keeps a predicted
+gain honest.
 
 Merged calls are compared with unmerged calls of the same batch and token count (the steps outside
 the merge window, or between merge steps), by median, so a first call's warm-up does not count. A run
 without such an unmerged call gives the cost model's speed-up instead, labelled "predicted" in its
 run line: it is never presented as measured. No call is run unmerged on purpose to measure one: that
 would change the image of a run asked to merge every step, and at the nodes' defaults (start_percent
-0.4) the steps before the window are the unmerged calls a measurement needs. A merged
-call that a step cache skipped is not timed (wrappers.py); an unmerged one it skipped cannot be told
-apart and counts, which the median absorbs while the cache skips fewer than half of those calls.
+0.4) the steps before the window are the unmerged calls a measurement needs. A merged call that a
+step cache skipped is not timed (wrappers.py); an unmerged one it skipped cannot be told apart and
+counts, which the median absorbs while the cache skips fewer than half of those calls.
 """
 
 from __future__ import annotations
@@ -32,11 +39,89 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from ...toma_core.cost import TILE_TOKENS, BlockCost, call_speedup
+from ..contract import CallGeometry
+from ..settings import ToMASettings
+
 log = logging.getLogger(__name__)
+
+AUTO_MIN_SPEEDUP = 1.05
+"""min_tokens "auto": a call merges only when its predicted speed-up is at least this (a few percent)."""
+
+
+@dataclass
+class CostProfile:
+    """The blocks of one patched model for the cost model, with a per-geometry cache of predictions.
+
+    width: the width reported in log lines (a UNet's first transformer level). tile_tokens: tokens
+    per plan tile, tile_size^2 (x tile_frames in a video family): the plan's cost grows with it.
+    """
+
+    blocks: tuple[BlockCost, ...]
+    width: int
+    kept: float
+    tile_tokens: int = TILE_TOKENS
+    _cache: dict[tuple[int, int, str, int], float] = field(default_factory=dict, repr=False)
+
+    def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> float:
+        """Predicted unmerged / merged time of a call of batch `batch`, N = `tokens` image tokens and
+        `others` text and pass-through tokens, on a device of type `device` ("cpu", "cuda", ...)."""
+        key = (tokens, others, device, batch)
+        if key not in self._cache:
+            self._cache[key] = call_speedup(self.blocks, tokens, others, self.kept, device, batch, self.tile_tokens)
+        return self._cache[key]
+
+    def auto_veto(self, geometry: CallGeometry, device: str, batch: int) -> str | None:
+        """min_tokens "auto": why this call runs unmerged on `device`, or None when merging is predicted to pay."""
+        predicted = self.speedup(geometry.tokens, (geometry.text_len or 0) + geometry.extra_tokens, device, batch)
+        if predicted >= AUTO_MIN_SPEEDUP:
+            return None
+        return (
+            f"min_tokens auto: merging {geometry.tokens} image tokens at width {self.width} on {device} is predicted "
+            f"{predicted:.2f}x (needs {AUTO_MIN_SPEEDUP:g}x; a number in min_tokens forces merging)"
+        )
+
+
+class CostModel(Protocol):
+    """How a family's blocks are priced: each registry entry (registry.py Family.cost) holds one."""
+
+    def profile(self, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool) -> CostProfile:
+        """The CostProfile of a patched model whose adapter merges `merged_blocks` of its blocks; a
+        `video` family's tiles span settings.tile_frames frames."""
+        ...
+
+
+@dataclass(frozen=True)
+class DitCost:
+    """The cost model's view of a DiT family: `width`, the attribute of ComfyUI's model class holding
+    the block width C; `blocks`, the ModuleList attributes of its blocks on image tokens (the ones
+    `blocks` selects and any others, e.g. Lumina2's noise refiner, priced at full N); `joint`: its
+    text joins the blocks' self-attention (False: cross-attention, as Wan and Kandinsky 5)."""
+
+    width: str
+    blocks: tuple[str, ...]
+    joint: bool = True
+
+    def profile(self, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool) -> CostProfile:
+        width = getattr(diffusion_model, self.width)
+        total = sum(len(getattr(diffusion_model, name)) for name in self.blocks)
+        merged = min(merged_blocks, total)
+        whole = settings.scope == "block"
+        blocks = (
+            BlockCost(width, merged, joint=self.joint, merged=True, whole=whole),
+            BlockCost(width, max(0, total - merged), joint=self.joint),
+        )
+        return CostProfile(blocks, width, 1.0 - settings.effective_ratio, tile_tokens(settings, video))
+
+
+def tile_tokens(settings: ToMASettings, video: bool) -> int:
+    """Tokens per plan tile: tile_size^2, times tile_frames in a video family (the plan's cost grows with it)."""
+    return settings.tile_size ** 2 * (settings.tile_frames if video else 1)
+
 
 CallKey = tuple[int, int, int]
 """(batch, image tokens, text + pass-through tokens) of a call: only calls of one key are compared."""
