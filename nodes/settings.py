@@ -48,7 +48,7 @@ MIN_TOKENS_RANGE = (0, 1 << 20)
 AUTO = "auto"
 NODE_MIN_TOKENS = AUTO
 """The nodes' default min_tokens: a call merges only where the cost model predicts a gain
-(cost_profile.AUTO_MIN_SPEEDUP). ToMASettings keeps 0 (always merge), as the library's default."""
+(run/gain.py AUTO_MIN_SPEEDUP). ToMASettings keeps 0 (always merge), as the library's default."""
 TILE_FRAMES_RANGE = (1, 16)
 
 NODE_TILE_FRAMES = 4
@@ -68,7 +68,7 @@ class ToMASettings:
     schedule: sigma window, merge-step interval and re-selection interval (toma_core.MergeSchedule).
     blocks: which blocks merge; "auto", "all" or a family-specific list (parsed per family).
     min_tokens: a forward with fewer image tokens than this runs unmerged (0 = always merge);
-    "auto": a forward merges only where the cost model predicts a gain (cost_profile.py).
+    "auto": a forward merges only where the cost model predicts a gain (run/gain.py).
     similarity: one of toma_core.SIMILARITIES. temperature: softmax temperature of the
     token -> destination assignment (0 = hard). budget: one of toma_core.BUDGETS ("tile": every
     tile keeps the same share, as in the paper; "adaptive": the same total per sample, shared out

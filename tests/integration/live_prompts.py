@@ -32,6 +32,8 @@ from typing import Any
 import workflow_api as wa
 from live_comfy import PACK_ROOT
 
+from harness.pack import pack_module
+
 EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
 SIZE = 256
 VIDEO_SIZE, VIDEO_FRAMES = 128, 5
@@ -75,7 +77,17 @@ TEXT_LOADERS = ("DualCLIPLoader", "CLIPLoader")
 """T5-XXL, umT5-XXL and Qwen3-4B cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to
 4096 (the test's Flux.2 and Z-Image files take 4096-wide text)."""
 TOMA_NODES = ("ToMAPatch", "ToMAPatchAdvanced")
-TOKEN_PATTERN = re.compile(r"(\d+)->(\d+) tokens \((\d+)x(\d+)\)")
+RUN_LINE = re.compile(r"ToMA \[\w+\]: (\d+->\d+ tokens|no tokens merged)")
+"""Where a ToMA run line starts in a server log line (ComfyUI may prefix it): the family, then the
+token grids or report.NO_TOKENS; not the per-call "ToMA call:" lines nor the layout warnings."""
+
+
+def run_records(log: str) -> list[Any]:
+    """The RunRecords (nodes/run/report.py) of the ToMA run lines in a server log, in order, read back
+    with report.parse_run_line (which fails on a line that is not a run line)."""
+    report = pack_module("nodes.run.report")
+    return [report.parse_run_line(line[m.start():]) for line in log.splitlines() if (m := RUN_LINE.search(line))]
+
 FAMILIES = {"flux": "flux", "wan_high": "wan", "wan_low": "wan", "sd15": "unet", "flux2": "flux", "zimage": "lumina2"}
 """Model file key -> the family name ToMA's run line gives ("ToMA [flux]: ...")."""
 

@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -65,8 +64,8 @@ from live_comfy import (
 from live_prompts import (
     FILES,
     LATENT_FRAMES,
-    TOKEN_PATTERN,
     expected_grids,
+    run_records,
     shipped_prompts,
     toma_ids,
     with_steps,
@@ -270,34 +269,26 @@ def settings_of(widgets: dict[str, Any]) -> Any:
 # Checks of one run
 
 
-def toma_lines(text: str) -> list[str]:
-    """ToMA's per-run lines ("ToMA [family]: ..."; not the per-call "ToMA call:" lines)."""
-    return [line for line in text.splitlines() if re.search(r"ToMA \[\w+\]:", line)]
-
-
-def check_line(line: str, family: str, widgets: dict[str, Any], steps: int, cancelled: bool) -> None:
-    """The run line of one sampler: family, settings, steps merged of the steps run, token counts;
-    "cancelled" exactly when the user cancelled it; never an error or a bypass."""
+def check_record(record: Any, family: str, widgets: dict[str, Any], steps: int, cancelled: bool) -> None:
+    """The run record (live_prompts.run_records) of one sampler: family, settings, steps merged of the
+    steps run, token counts; "cancelled" exactly when the user cancelled it; never an error or a bypass."""
     settings = settings_of(widgets)
-    assert f"ToMA [{family}]:" in line, line
-    assert settings.describe() in line, f"settings {settings.describe()!r} not in {line}"
-    assert "bypassed" not in line and "stopped with an error" not in line, line
-    assert ("the sampling run was cancelled" in line) == cancelled, line
-    merged = re.search(r"merged (\d+)/(\d+) steps", line)
-    assert merged and int(merged[2]) == steps and int(merged[1]) <= steps, f"{steps} steps run: {line}"
+    assert record.family == family, record
+    assert record.settings == settings.describe(), f"settings {settings.describe()!r}: {record}"
+    assert record.status == ("cancelled" if cancelled else None), record  # never "failed" or "bypassed"
+    assert record.total_steps == steps and record.steps_merged <= steps, f"{steps} steps run: {record}"
     schedule = settings.schedule
     if schedule.end_percent <= schedule.start_percent:
-        assert merged[1] == "0", line
+        assert record.steps_merged == 0, record
     elif not cancelled and (schedule.start_percent, schedule.end_percent, settings.min_tokens) == (0.0, 1.0, 0) and settings.effective_ratio > 0:
-        assert int(merged[1]) == -(-steps // schedule.merge_every), line  # the first step and every merge_every-th
-    grids = TOKEN_PATTERN.findall(line)
-    if merged[1] == "0":
-        assert not grids and "no tokens merged" in line, line
+        assert record.steps_merged == -(-steps // schedule.merge_every), record  # the first step and every merge_every-th
+    if record.steps_merged == 0:
+        assert not record.tokens, record
         return
     frames = LATENT_FRAMES if family == "wan" else 1
-    assert grids and {(int(h), int(w)) for *_, h, w in grids} <= expected_grids(family, SIZE, SIZE), line
-    for before, after, height, width in (map(int, grid) for grid in grids):
-        assert before == frames * height * width and 0 < after <= before, line
+    assert record.tokens and set(record.tokens) <= expected_grids(family, SIZE, SIZE), record
+    for (height, width), (before, after) in record.tokens.items():
+        assert before == frames * height * width and 0 < after <= before, record
 
 
 def check_no_traceback(text: str, expected: int) -> None:
@@ -460,14 +451,14 @@ class Soak:
         return wait_for_run(self.server, prompt_id, log_start, start)
 
     def check_run(self, run: Run, prompt: wa.Prompt, step: Step, widgets: dict[str, Any], what: str) -> None:
-        lines = toma_lines(run.log)
+        records = run_records(run.log)
         samplers = sampler_order(prompt)
         interrupted = run.messages("execution_interrupted")
         if step.kind == "error":
             errors = run.messages("execution_error")
             assert run.status == "error" and errors, f"{what}: {run.history.get('status')}"
             assert errors[0]["node_id"] in toma_ids(prompt) and widgets["blocks"] in errors[0]["exception_message"], f"{what}: {errors}"
-            assert not lines, f"{what}: a ToMA run line for a run that never sampled: {lines}"
+            assert not records, f"{what}: a ToMA run line for a run that never sampled: {records}"
             check_no_traceback(run.log, 1)  # ComfyUI logs the node's exception with its traceback
             self.tracebacks += 1
             self.figures.outcomes["execution error"] += 1
@@ -486,13 +477,13 @@ class Soak:
         else:
             assert run.status == "success" and run.history.get("outputs"), f"{what}: {run.history.get('status')}\n{run.log[-3000:]}"
             self.figures.outcomes["finished before the cancel" if step.kind == "cancel" else step.kind] += 1
-        if cancelled_at is not None and len(lines) == len(ran) - 1 and len(ran) > 1:
+        if cancelled_at is not None and len(records) == len(ran) - 1 and len(ran) > 1:
             # The interrupt reached ComfyUI after the sampler before finished and stopped the next one
             # while it loaded its model, before its sampling run began: no run, so no run line.
             ran, cancelled_at = ran[:-1], None
-        assert len(lines) == len(ran), f"{what}: expected {len(ran)} ToMA run lines, got {lines}\n{run.log[-3000:]}"
-        for line, sampler in zip(lines, ran):
-            check_line(line, step.family, widgets, sampler_steps(prompt[sampler]), cancelled=sampler == cancelled_at)
+        assert len(records) == len(ran), f"{what}: expected {len(ran)} ToMA run lines, got {records}\n{run.log[-3000:]}"
+        for record, sampler in zip(records, ran):
+            check_record(record, step.family, widgets, sampler_steps(prompt[sampler]), cancelled=sampler == cancelled_at)
 
 
 def default_widgets(specs: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,12 @@ from live_prompts import (
     EXAMPLES,
     LATENT_FRAMES,
     SIZE,
-    TOKEN_PATTERN,
     VIDEO_FRAMES,
     VIDEO_SIZE,
     expected_grids,
     family_of_workflow,
     missing_model_reason,
+    run_records,
     shipped_prompts,
     toma_ids,
 )
@@ -41,7 +40,6 @@ from harness.pack import pack_module
 
 log = logging.getLogger(__name__)
 
-GAIN_PATTERN = re.compile(r"this run (predicted )?about \d+\.\d\dx (faster|slower) than without ToMA")
 AUTO_REASON = "min_tokens auto: merging"
 
 
@@ -93,8 +91,6 @@ def kept_tokens(height: int, width: int, tile: int, ratio: float) -> int:
     return (height // tile) * (width // tile) * tiling.kept_per_tile(tile * tile, ratio)
 
 
-def toma_lines(run: Run) -> list[str]:
-    return [line for line in run.log.splitlines() if "ToMA [" in line]
 
 
 def assert_success(run: Run) -> None:
@@ -103,17 +99,17 @@ def assert_success(run: Run) -> None:
     assert run.images(), f"no image in {run.history.get('outputs')}"
 
 
-def check_run_line(line: str, family: str, toma: dict[str, Any]) -> None:
-    assert f"ToMA [{family}]" in line, line
-    merged = re.search(r"merged (\d+)/(\d+) steps", line)
-    assert merged and merged[1] == merged[2] != "0", line  # start_percent 0: every step merged
-    grids = TOKEN_PATTERN.findall(line)
-    assert grids and {(int(h), int(w)) for *_, h, w in grids} <= expected_grids(family), line
+def check_run_record(record: Any, family: str, toma: dict[str, Any]) -> None:
+    """A forced run's record (live_prompts.run_records): every step merged, the token counts of
+    ToMA's tiling on the expected grids, and a gain stated."""
+    assert record.family == family, record
+    assert record.steps_merged == record.total_steps > 0, record  # start_percent 0: every step merged
+    assert record.tokens and set(record.tokens) <= expected_grids(family), record
     frames = LATENT_FRAMES if family == "wan" else 1  # video: the grid is per latent frame
-    for before, after, height, width in (map(int, grid) for grid in grids):
-        assert before == frames * height * width, line
-        assert after == frames * kept_tokens(height, width, toma["tile_size"], toma["ratio"]) < before, line
-    assert GAIN_PATTERN.search(line), line
+    for (height, width), (before, after) in record.tokens.items():
+        assert before == frames * height * width, record
+        assert after == frames * kept_tokens(height, width, toma["tile_size"], toma["ratio"]) < before, record
+    assert record.gain is not None, record
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -127,10 +123,10 @@ def test_shipped_workflow_runs_and_merges(live_server: LiveServer, object_info, 
     assert frames.std() > 0, "a constant image cannot show whether ToMA changed it"
 
     ids = toma_ids(prompt)
-    lines = toma_lines(run)
-    assert len(lines) == len(ids), f"expected {len(ids)} ToMA run lines (one per patched model), got {lines}\n{run.log[-3000:]}"
-    for line, node_id in zip(lines, ids):
-        check_run_line(line, family_of_workflow(prompt), prompt[node_id]["inputs"])
+    records = run_records(run.log)
+    assert len(records) == len(ids), f"expected {len(ids)} ToMA run lines (one per patched model), got {records}\n{run.log[-3000:]}"
+    for record, node_id in zip(records, ids):
+        check_run_record(record, family_of_workflow(prompt), prompt[node_id]["inputs"])
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -138,15 +134,13 @@ def test_shipped_workflow_at_min_tokens_auto_says_what_it_gained_or_why_not(live
     prompt = prompt_of(prompts, path)
     run = shared_run(live_server, runs, (path.stem, "toma"), prompt)
     assert_success(run)
-    lines = toma_lines(run)
-    assert len(lines) == len(toma_ids(prompt)), f"{lines}\n{run.log[-3000:]}"
-    for line in lines:
-        merged = re.search(r"merged (\d+)/(\d+) steps", line)
-        assert merged, line
-        if merged[1] == "0":
-            assert AUTO_REASON in line and "predicted" in line, line  # unmerged, and the line says why
+    records = run_records(run.log)
+    assert len(records) == len(toma_ids(prompt)), f"{records}\n{run.log[-3000:]}"
+    for record in records:
+        if record.steps_merged == 0:  # unmerged, and the line says why
+            assert any(AUTO_REASON in why and "predicted" in why for why in record.unmerged_calls), record
         else:
-            assert GAIN_PATTERN.search(line), line
+            assert record.gain is not None, record
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -163,7 +157,7 @@ def test_ratio_zero_is_bit_identical_to_no_toma(live_server: LiveServer, object_
     reference = media_frames(live_server, plain.images()[0])
     assert reference.std() > 0
     assert (media_frames(live_server, zero.images()[0]) == reference).all(), "ratio 0 changed the image"
-    assert not toma_lines(plain), "a prompt without the ToMA node printed a ToMA line"
+    assert not run_records(plain.log) and "ToMA [" not in plain.log, "a prompt without the ToMA node printed a ToMA line"
     # Evidence that the comparison can fail: the merged run (ratio from the workflow) differs.
     assert (media_frames(live_server, merged.images()[0]) != reference).any(), "ToMA at its ratio left the image unchanged"
 
