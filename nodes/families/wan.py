@@ -1,5 +1,6 @@
 """ToMA for Wan 2.1 / 2.2 video models: T2V and I2V (1.3B, 14B), Wan 2.2 A14B (each
-expert is its own MODEL: patch both), Wan 2.2-5B TI2V, Fun reference frames, Phantom, VACE.
+expert is its own MODEL: patch both), Wan 2.2-5B TI2V, Fun reference frames, Phantom, Bernini
+in-context latents, VACE.
 
 Each selected `WanAttentionBlock` gets a `patches_replace["dit"][("double_block", i)]` entry
 (args img (B, N, C), txt (B, T, C), vec (B, 1|F, 6, C) or (B, 6, C), pe (1, N, 1, hd/2, 2, 2)).
@@ -16,15 +17,21 @@ tile_size tokens, inside frame segments that never merge with each other (toma_c
 - frames of different per-frame timesteps (5B noise masks) are separate segments;
 - Fun reference frames (prepended) and Phantom frames (appended) pass through with their pe rows.
 
+Wan 2.2's Bernini in-context latents (`context_latents`, comfy_extras/nodes_bernini.py: a source
+video, reference video or images, each at its own size) are patch-embedded after every frame
+(WanModel.forward_orig) with rope rows of their own: a tail after the merged span that passes
+through, tokens and pe rows, like text.
+
 Wan 2.2-5B modulates per frame: vec (B, F, 6, C), expanded per frame inside the block by
 `repeat_e`, which assumes frame-major tokens with an equal count per frame. With spatial tiles
 (tile_frames 1) the merged tokens are exactly that and vec passes unchanged; otherwise each merged
 token gets its destination frame's row, vec (B, D, 6, C), which the block uses as is.
 
-Variants: VACE's vace blocks run outside the block keys at full N and stay unmerged (the main
-blocks merge). S2V blocks get no transformer_options and a per-segment modulation: its calls run
-unmerged and the run's log line says so. Camera, HuMo, Animate and unknown subclasses are refused
-with their class name.
+Variants: Bernini in-context latents pass through (above; beside a per-frame vec their blocks run
+unmerged, see `merged_vec`). VACE's vace blocks run outside the block keys at full N and stay
+unmerged (the main blocks merge). S2V blocks get no transformer_options and a per-segment
+modulation: its calls run unmerged and the run's log line says so. Camera, HuMo, Animate and
+unknown subclasses are refused with their class name.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ class WanAdapter:
 
     def call_geometry(self, x: torch.Tensor, context: torch.Tensor | None, kwargs: dict[str, Any]) -> VideoGeometry:
         """Token layout from x (B, C, F, H, W), the extra conds reference_latent (B, C, H, W),
-        time_dim_concat (B, C, F', H, W) and denoise_mask (B|1, 1, F, H, W)."""
+        time_dim_concat (B, C, F', H, W), denoise_mask (B|1, 1, F, H, W) and context_latents
+        (a list of (B, C, F', H', W'), the tail)."""
         text_len = text_length(context)
         if x.ndim != 5:
             return VideoGeometry(1, 1, text_len, reason=f"latent of shape {tuple(x.shape)} is not (B, C, F, H, W)")
@@ -83,7 +91,18 @@ class WanAdapter:
         if torch.is_tensor(extra) and extra.ndim == 5:
             segments.append(Segment(math.ceil(extra.shape[2] / pt), merge=False))
         passing = sum(s.frames for s in segments if not s.merge) * height * width
-        return VideoGeometry(height, width, text_len, passing, why, frames=frames, segments=tuple(segments))
+        tail = _in_context_tokens(kwargs.get("context_latents"), self.patch_size)
+        return VideoGeometry(
+            height, width, text_len, passing + tail, why, frames=frames, segments=tuple(segments), tail=tail,
+        )
+
+
+def _in_context_tokens(latents: Any, patch: tuple[int, int, int]) -> int:
+    """Tokens of Bernini's context_latents (each (B, C, F', H', W'), padded up to the patch size by
+    WanModel._forward before its patch embedding); 0 without them."""
+    if not isinstance(latents, (list, tuple)):
+        return 0
+    return sum(math.prod(math.ceil(lat.shape[2 + i] / p) for i, p in enumerate(patch)) for lat in latents)
 
 
 def _frame_runs(mask: Any, frames: int) -> tuple[list[tuple[int, int]], str | None]:
@@ -131,11 +150,13 @@ def apply(model, settings: ToMASettings) -> WanAdapter:
 
 
 def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
-    """img (B, N, C) with N = every frame's tokens, pass-through frames included: the call's frame
-    segments, pe rows gathered to the destinations, vec per frame or per merged token."""
+    """img (B, N + tail, C) with N = every frame's tokens, pass-through frames included, then the
+    Bernini tail: the call's frame segments, pe rows gathered to the destinations (the tail's rows
+    kept), vec per frame or per merged token."""
     g: VideoGeometry = ctx.geometry
     img = args["img"]
-    if img.shape[1] != g.all_frames * g.height * g.width:
+    frame_tokens = g.all_frames * g.height * g.width
+    if img.shape[1] != frame_tokens + g.tail:
         return TOKENS_DIFFER
 
     def vec(plan: SegmentPlan) -> dict | Unmerged:
@@ -144,7 +165,7 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
         merged = merged_vec(args["vec"], plan, g)
         return merged if isinstance(merged, Unmerged) else {"vec": merged}
 
-    return ImageSpan(0, (Rows("pe", 1, 0),), img.shape[1], g.segments, vec, tokens=img.shape[1])
+    return ImageSpan(0, (Rows("pe", 1, 0),), img.shape[1], g.segments, vec, tokens=frame_tokens)
 
 
 merged_block = merged_dit_block(PLAN_SLOT, image_span)
@@ -155,9 +176,12 @@ def merged_vec(vec: torch.Tensor, plan: SegmentPlan, g: VideoGeometry) -> torch.
     """The block's modulation for the merged tokens: vec (B, 6, C) or (B, 1, 6, C) unchanged
     (per sample); a per-frame vec (B, F, 6, C) unchanged when the merged tokens are frame-major
     with equal counts per frame, else (B, D, 6, C) with each merged token's destination frame.
-    Unmerged when vec's frames are not the call's frames."""
+    Unmerged when vec's frames are not the call's frames, or when a Bernini tail follows them (the
+    block's repeat_e spreads F rows over N + tail tokens, which no merged layout reproduces)."""
     if vec.ndim != 4 or vec.shape[1] == 1:
         return vec
+    if g.tail:
+        return Unmerged(f"per-frame vec of {vec.shape[1]} frames with {g.tail} in-context tokens after the frames")
     counts = plan.frame_counts
     if counts is not None and len(counts) == vec.shape[1] and len(set(counts)) == 1:
         return vec

@@ -66,9 +66,12 @@ class DitAdapter:
 class VideoGeometry(CallGeometry):
     """CallGeometry of a video DiT call whose blocks see frame segments (Wan, Kandinsky 5): `frames`
     video frames of height x width tokens (N = tokens), plus pass-through frames (Wan's Fun reference
-    before, Phantom after); `segments` in token order (toma_core.video.Segment)."""
+    before, Phantom after); `segments` in token order (toma_core.video.Segment). tail: tokens after
+    every frame that are no frame of this grid (Wan's Bernini `context_latents`, each its own grid);
+    they pass through and are counted in extra_tokens too."""
 
     segments: tuple[Segment, ...] = ()
+    tail: int = 0
 
     @property
     def all_frames(self) -> int:

@@ -375,6 +375,86 @@ def test_pass_through_frame_rows_reach_attention_exactly(wan: Any, tiny: Any, to
     fc.check_passthrough_rows(tiny, toma, model, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
 
 
+BERNINI = ((5, 12, 16), (1, 9, 7))
+"""(F', H', W') of Bernini's context_latents (BerniniConditioning): a source video of the latent's
+size (v2v, 240 tokens) and a reference image at its own aspect, padded to the patch (ceil(9/2) x
+ceil(7/2) = 20)."""
+
+BERNINI_TOKENS = 5 * 6 * 8 + 5 * 4
+
+
+def bernini_conds(wan: Any, model: Any, latent: tuple[int, ...]) -> tuple[list, list]:
+    """Positive and negative conditioning with the same context_latents, or skip on a ComfyUI
+    whose WanModel has no Bernini in-context tokens (0.3.64)."""
+    import inspect
+
+    import comfy.ldm.wan.model
+
+    if "context_latents" not in inspect.getsource(comfy.ldm.wan.model.WanModel.forward_orig):
+        pytest.skip("this ComfyUI's WanModel has no Bernini context_latents (they came after ComfyUI 0.3.64)")
+    gen = torch.Generator().manual_seed(8)
+    lats = [torch.randn((1, latent[1], *shape), generator=gen) for shape in BERNINI]
+    return wan.conditioning(model, 1, latent, context_latents=lats), wan.conditioning(model, 2, latent, context_latents=lats)
+
+
+def test_bernini_ratio_zero_is_bit_identical(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    import family_checks as fc
+
+    latent = latent_of(wan, t2v)
+    pos, neg = bernini_conds(wan, t2v, latent)
+    baseline = fc.check_ratio_zero(tiny, toma, t2v, latent, pos, neg)
+    assert not torch.equal(baseline, run(wan, tiny, t2v))  # the in-context tokens reach the model
+
+
+def test_bernini_blocks_merge_the_video_and_keep_the_in_context_tokens(wan: Any, tiny: Any, toma: Any, t2v: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Every block merges the video's frames (the plan covers the 240 video tokens, not the 260
+    in-context tokens after them) with no layout reason; the output has the video's shape and differs
+    from unpatched."""
+    latent = latent_of(wan, t2v)
+    pos, neg = bernini_conds(wan, t2v, latent)
+    recorder, found = record_plans(patch(toma, t2v))
+    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+        out = run(wan, tiny, recorder, positive=pos, negative=neg)
+    record = compat_support.run_records(caplog)[-1]
+    d = kept_tokens(toma, 5, 6, 8)
+    assert record.family == "wan" and record.unmerged_blocks == {} and record.unmerged_calls == {}, record
+    assert record.block_runs_merged == 3 * 2 and record.tokens == {(6, 8): (240, d)}, record
+    assert found and all(plan.num_tokens == 240 and x.shape[1] == d + BERNINI_TOKENS for plan, x, _, _ in found)
+    assert out.shape == latent and torch.isfinite(out).all()
+    assert rel(out, run(wan, tiny, t2v, positive=pos, negative=neg)) > 1e-3
+
+
+def test_bernini_tokens_reach_attention_exactly(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
+    """The in-context tokens (after the video, with their own source-id rope rows) reach the first
+    merged block's self-attention exactly as unpatched; the video rows lose N - D."""
+    import family_checks as fc
+
+    latent = latent_of(wan, t2v)
+    pos, neg = bernini_conds(wan, t2v, latent)
+
+    def kept(plain: int, merged: int) -> list[tuple[int, int, int]]:
+        return [(plain - BERNINI_TOKENS, merged - BERNINI_TOKENS, BERNINI_TOKENS)]
+
+    fc.check_passthrough_rows(tiny, toma, t2v, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
+
+
+def test_bernini_beside_a_per_frame_vec_runs_unmerged(wan: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Wan 2.2-5B under a noise mask (vec (B, F, 6, C)) with in-context tokens: the block's repeat_e
+    spreads the F rows over the video and the tail together, which no merged layout reproduces, so
+    its blocks run unmerged with that reason (not a layout one) and the output is unpatched's."""
+    model = wan.build_wan("ti2v")
+    latent = latent_of(wan, model)
+    pos, neg = bernini_conds(wan, model, latent)
+    mask = wan.first_frame_mask(latent)
+    plain = run(wan, tiny, model, positive=pos, negative=neg, noise_mask=mask)
+    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+        out = run(wan, tiny, patch(toma, model), positive=pos, negative=neg, noise_mask=mask)
+    record = compat_support.run_records(caplog)[-1]
+    assert torch.equal(out, plain)
+    assert record.block_runs_merged == 0 and compat_support.runs_for(record.unmerged_blocks, "in-context tokens") == 3 * 2, record
+    assert compat_support.warnings_of(caplog) == []
+
+
 def test_vace_blocks_see_every_token_exactly_as_unpatched(wan: Any, tiny: Any, toma: Any) -> None:
     """VaceWanModel's vace blocks run beside the merged main blocks on the full N tokens of their
     own stream (fed from the model's input x, not from the main blocks): every attention of theirs
