@@ -113,8 +113,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "wan", ("comfy.ldm.wan.model:WanModel",), wan.apply,
         (("blocks", "blocks"),), DitCost("dim", ("blocks",), joint=False), "Wan",
-        "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE; S2V runs unmerged",
-        "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames pass through.",
+        "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE, Bernini (ComfyUI 0.33); S2V runs unmerged",
+        "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames and Bernini's in-context tokens pass through.",
         "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
         "Wan", "blocks:5-29", video=True,
     ),
