@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .tiny_models import init_weights, model_config
+from .tiny_models import init_weights, model_config, tiny_sdxl_config
 
 log = logging.getLogger(__name__)
 
@@ -104,28 +104,7 @@ FLUX_CONFIG: dict[str, Any] = {
 }
 """Flux topology: hidden 128, 4 heads of 32 (RoPE axes 8+12+12), 4 double + 8 single blocks."""
 
-SDXL_CONFIG: dict[str, Any] = {
-    "use_checkpoint": False,
-    "image_size": 64,
-    "in_channels": 4,
-    "out_channels": 4,
-    "model_channels": 32,
-    "num_res_blocks": [2, 2, 2],
-    "channel_mult": [1, 2, 3],
-    "transformer_depth": [0, 0, 1, 1, 2, 2],
-    "transformer_depth_output": [0, 0, 0, 1, 1, 1, 2, 2, 2],
-    "transformer_depth_middle": 2,
-    "use_spatial_transformer": True,
-    "use_linear_in_transformer": True,
-    "legacy": False,
-    "num_classes": "sequential",
-    "adm_in_channels": 2816,
-    "context_dim": 64,
-    "num_heads": -1,
-    "num_head_channels": 32,
-    "use_temporal_attention": False,
-    "use_temporal_resblock": False,
-}
+SDXL_CONFIG: dict[str, Any] = tiny_sdxl_config() | {"image_size": 64, "channel_mult": [1, 2, 3], "num_head_channels": 32}
 """SDXL topology scaled down: levels 1/2/3 x 32 channels, no transformers at full latent resolution,
 depth 1 at 1/2, depth 2 at 1/4 and in the middle (SDXL: 0, 2, 10), linear proj, ADM 2816."""
 
