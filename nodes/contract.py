@@ -35,6 +35,12 @@ class CallGeometry:
         """N, image tokens of the main grid (frames x height x width)."""
         return self.frames * self.height * self.width
 
+    @property
+    def others(self) -> int:
+        """Tokens beside the N image tokens that the blocks also run on: T text plus the pass-through
+        extra_tokens (what the cost model and the call timer count besides N)."""
+        return (self.text_len or 0) + self.extra_tokens
+
 
 class FamilyAdapter(Protocol):
     """What a model family's `apply(model, settings)` returns to the shared runtime."""

@@ -77,7 +77,7 @@ class CostProfile:
 
     def auto_veto(self, geometry: CallGeometry, device: str, batch: int) -> str | None:
         """min_tokens "auto": why this call runs unmerged on `device`, or None when merging is predicted to pay."""
-        predicted = self.speedup(geometry.tokens, (geometry.text_len or 0) + geometry.extra_tokens, device, batch)
+        predicted = self.speedup(geometry.tokens, geometry.others, device, batch)
         if predicted >= AUTO_MIN_SPEEDUP:
             return None
         return (

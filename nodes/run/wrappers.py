@@ -21,7 +21,7 @@ import torch
 from ...toma_core import StepDecision
 from ..contract import CallGeometry
 from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
-from .gain import measure_gain, warn_if_slower
+from .gain import CallKey, measure_gain, warn_if_slower
 from .report import TOMA_RUN, bypassed, run_record, schedule_warning
 from .runtime import (
     TORCH_COMPILE_KWARGS,
@@ -109,8 +109,7 @@ def apply_model_wrapper(executor, *args, **kwargs):
     if merged and not state.stats.compiled and state.stats.block_runs_merged == merged_before:
         _count_unmerged_call(state, ctx, NO_BLOCK_MERGED)
         merged = False
-    g = ctx.geometry
-    state.timer.stop(start, (ctx.batch, g.tokens, (g.text_len or 0) + g.extra_tokens), merged)
+    state.timer.stop(start, _call_key(ctx.batch, ctx.geometry), merged)
     return out
 
 
@@ -206,11 +205,16 @@ def _auto_veto(state: RunState, geometry: CallGeometry, x: torch.Tensor) -> str 
     (CallTimer.auto_stop: measured, so it holds on a GPU the cost model was never calibrated on), or
     when the cost model predicts no gain; else merged, to be measured."""
     batch = int(x.shape[0])
-    stopped = state.timer.auto_stop((batch, geometry.tokens, (geometry.text_len or 0) + geometry.extra_tokens))
+    stopped = state.timer.auto_stop(_call_key(batch, geometry))
     if stopped is not None:
         return stopped
     cost = state.config.cost
     return cost.auto_veto(geometry, x.device.type, batch) if cost is not None else None
+
+
+def _call_key(batch: int, geometry: CallGeometry) -> CallKey:
+    """The timer's key of a call of batch `batch` with this token layout (gain.CallKey)."""
+    return (batch, geometry.tokens, geometry.others)
 
 
 def _count_call(state: RunState, ctx: CallContext) -> None:
