@@ -564,6 +564,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Reject bad settings with a ValueError naming the value and the allowed range."""
     for ratio in args.ratios:
         check_ratio(ratio)
+        if ratio == 0:
+            raise ValueError("ratio=0 merges nothing, so it has no error to compare: give ratios in (0, 0.95]")
     for name in args.similarities:
         if name not in SIMILARITIES:
             raise ValueError(f"similarity={name!r} is not one of {', '.join(SIMILARITIES)}")
