@@ -5,7 +5,7 @@ nothing from the pack."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -69,10 +69,13 @@ class Unmerged:
     a per-token table's shape, a keyword the layer receives, a modulation span): ComfyUI changed
     under the pack. Besides the count, such a reason is warned about once, naming the ComfyUI
     version (machinery/runner.py run_hook).
+    result: the block's own result when it already ran exactly as unpatched (a keys/values run whose
+    attention was never reached): run_hook returns it instead of running the block again.
     """
 
     reason: str | None
     layout: bool = False
+    result: Any = field(default=None, compare=False)
 
 
 def layout_changed(reason: str) -> Unmerged:

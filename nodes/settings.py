@@ -23,9 +23,12 @@ TOMA_KEY = "comfyui_toma"
 CALL_KEY = "comfyui_toma_call"
 """transformer_options key of the per-model-call context (set by the APPLY_MODEL wrapper)."""
 
-SCOPES = ("block", "attention")
+KEYS_VALUES = "keys_values"
+SCOPES = ("block", "attention", KEYS_VALUES)
 """block: whole transformer blocks run on merged tokens. attention: only attention runs merged (UNet:
-attn1/attn2; Flux family: double blocks' attention, single blocks whole, as the reference code)."""
+attn1/attn2; Flux family: double blocks' attention, single blocks whole, as the reference code).
+keys_values: every token keeps its query, residual and MLP; only the keys and values of the image
+tokens in self-attention are merged, nothing is unmerged (machinery/keys_values.py)."""
 
 NODE_RATIO = 0.5
 NODE_TILE_SIZE = 8
@@ -75,7 +78,9 @@ class ToMASettings:
     by content). proportional_attention: add log(cluster size) to each merged key's attention
     logits (Flux family only). scope: one of SCOPES. verbose: log per-call detail. unmerge: one of
     toma_core.UNMERGES (how a merged block's result returns to N tokens). tile_frames: latent
-    frames a tile spans in video models (Wan, HunyuanVideo); image models ignore it.
+    frames a tile spans in video models (Wan, HunyuanVideo); image models ignore it. key_mass: scope
+    keys_values weighs each merged key by the tokens it stands for (its log-mass in the softmax,
+    toma_core/keys_values.py); False only to measure what that weight buys (bench/quality).
     """
 
     ratio: float = 0.5
@@ -91,6 +96,7 @@ class ToMASettings:
     verbose: bool = False
     unmerge: str = "delta"
     tile_frames: int = NODE_TILE_FRAMES
+    key_mass: bool = True
 
     def __post_init__(self) -> None:
         check_ratio(self.ratio)
@@ -110,7 +116,7 @@ class ToMASettings:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
         if not isinstance(self.blocks, str) or not self.blocks.strip():
             raise ValueError(f"blocks={self.blocks!r} must be a non-empty string: 'auto', 'all' or a block list")
-        for name in ("verbose", "proportional_attention"):
+        for name in ("verbose", "proportional_attention", "key_mass"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
 
@@ -154,6 +160,7 @@ class ToMASettings:
         s = self.schedule
         return (
             f"ratio {self.ratio:g}, tile {self.tile_size}, budget {self.budget}, blocks {self.blocks}, "
+            f"{'' if self.scope == 'block' else f'scope {self.scope}, '}"
             f"{'proportional attention, ' if self.proportional_attention else ''}"
             f"{'' if self.unmerge == 'delta' else f'unmerge {self.unmerge}, '}"
             f"window {s.start_percent:g}-{s.end_percent:g}, merge every {s.merge_every}, "

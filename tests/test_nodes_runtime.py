@@ -173,7 +173,7 @@ def test_merge_rows_gives_destination_rows_and_keeps_text():
     torch.manual_seed(0)
     plan = core.make_plan(torch.randn(2, 36, 8), 6, 6, 0.5, 3)
     pe = torch.arange(2 * 1 * (4 + 36 + 3), dtype=torch.float32).view(2, 1, 43, 1)
-    merged = runner.merge_rows(pe, 2, 4, 36, plan)
+    merged = runner.merge_rows(pe, 2, 4, plan)
     d = plan.num_kept
     assert merged.shape == (2, 1, 4 + d + 3, 1)
     assert torch.equal(merged[:, :, :4], pe[:, :, :4]) and torch.equal(merged[:, :, 4 + d:], pe[:, :, 40:])
@@ -184,18 +184,18 @@ def test_merge_rows_gives_destination_rows_and_keeps_text():
 def test_merge_rows_broadcasts_batch_one():
     plan = core.make_plan(torch.randn(2, 16, 8), 4, 4, 0.5, 2)
     pe = torch.randn(1, 1, 20, 3)
-    assert runner.merge_rows(pe, 2, 4, 16, plan).shape == (2, 1, 4 + plan.num_kept, 3)
+    assert runner.merge_rows(pe, 2, 4, plan).shape == (2, 1, 4 + plan.num_kept, 3)
 
 
 def test_merge_mask_square_and_refuses_other_layouts():
     plan = core.make_plan(torch.randn(1, 16, 8), 4, 4, 0.5, 2)
     mask = torch.randn(1, 20, 20)
-    merged = flux.merge_mask(mask, plan, 4, 16, 20)
+    merged = flux.merge_mask(mask, plan, 4, 20)
     d = plan.num_kept
     assert not isinstance(merged, contract.Unmerged) and merged.shape == (1, 4 + d, 4 + d)
     idx = torch.cat([torch.arange(4), 4 + plan.dst_index[0]])
     assert torch.equal(merged[0], mask[0][idx][:, idx])
-    assert isinstance(flux.merge_mask(torch.randn(1, 20), plan, 4, 16, 20), contract.Unmerged)
+    assert isinstance(flux.merge_mask(torch.randn(1, 20), plan, 4, 20), contract.Unmerged)
 
 
 def test_identity_plan_span_roundtrip_is_exact():

@@ -46,6 +46,7 @@ from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
+from ..machinery.keys_values import Keys
 from ..machinery.runner import (
     ImageSpan,
     Rows,
@@ -136,21 +137,21 @@ def image_span(args: dict, ctx: CallContext, start: int, text_len: int, length: 
             return {"attn_mask": mask}
         return {"attn_mask": mask, "transformer_options": with_move(args.get("transformer_options"), RowMove.of(plan, start))}
 
-    return ImageSpan(start, (Rows("pe", 2, text_len),), length, more=more, tokens=n)
+    return ImageSpan(start, (Rows("pe", 2, text_len),), length, more=more, tokens=n, keys=Keys(text_len, length))
 
 
 def merged_mask(args: dict, ctx: CallContext, plan: MergePlan, text_len: int, length: int, dtype: torch.dtype) -> torch.Tensor | None | Unmerged:
     """The block's attention mask merged to the T + D [+ R] layout, with the proportional-attention
     bias when enabled; Unmerged when the mask has another layout."""
     n = ctx.geometry.tokens
-    mask = merge_mask(args.get("attn_mask"), plan, text_len, n, length)
+    mask = merge_mask(args.get("attn_mask"), plan, text_len, length)
     if isinstance(mask, Unmerged):
         return mask
     bias = plan.size_bias() if ctx.settings.proportional_attention else None
     return add_key_bias(mask, bias, text_len, length - n + plan.num_kept, dtype)
 
 
-def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> torch.Tensor | None | Unmerged:
+def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, length: int) -> torch.Tensor | None | Unmerged:
     """Merge an attention mask over the L = `length` tokens of the block's attention.
 
     A (L, L), (B, L, L) or (B, H, L, L) mask keeps the destinations' rows and columns; None stays
@@ -162,8 +163,8 @@ def merge_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, l
         return layout_changed(f"attn_mask of shape {tuple(mask.shape)} is not (..., {length}, {length})")
     if mask.ndim == 2:
         mask = mask.unsqueeze(0)
-    rows = merge_rows(mask, mask.ndim - 2, start, n, plan)
-    return merge_rows(rows, rows.ndim - 1, start, n, plan)
+    rows = merge_rows(mask, mask.ndim - 2, start, plan)
+    return merge_rows(rows, rows.ndim - 1, start, plan)
 
 
 def add_key_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, start: int, length: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -27,6 +27,7 @@ from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_forward_patches, module_forward
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, run_hook, run_merged
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
@@ -68,9 +69,9 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None, double: bool)
     run = module_forward(block, foreign)
 
     def toma_forward(image_tokens, image_tokens_masks=None, text_tokens=None, adaln_input=None, rope=None, transformer_options={}):  # noqa: B006 (ComfyUI's signature)
-        def call(seq: torch.Tensor, rows: torch.Tensor) -> Any:
+        def call(seq: torch.Tensor, rows: torch.Tensor, options: dict = transformer_options) -> Any:
             return run(image_tokens=seq, image_tokens_masks=image_tokens_masks, text_tokens=text_tokens,
-                       adaln_input=adaln_input, rope=rows, transformer_options=transformer_options)
+                       adaln_input=adaln_input, rope=rows, transformer_options=options)
 
         def merged(ctx: CallContext) -> Any:
             n = ctx.geometry.tokens
@@ -81,8 +82,8 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None, double: bool)
             if (image_tokens.shape[1] if double else min(image_tokens.shape[1], n)) != n:
                 return TOKENS_DIFFER
             return run_merged(
-                ctx, SLOT, image_tokens, ImageSpan(0, (Rows("rope", 1, 0),), rope.shape[1]), {"rope": rope},
-                call=lambda seq, merged: call(seq, merged["rope"]),
+                ctx, SLOT, image_tokens, ImageSpan(0, (Rows("rope", 1, 0),), rope.shape[1], keys=Keys(0, rope.shape[1])),
+                {"rope": rope}, call=lambda seq, merged: call(seq, merged["rope"], merged.get("transformer_options", transformer_options)),
                 output=lambda result: result[0] if double else result,
                 rebuild=lambda result, seq: (seq, result[1]) if double else seq,
             )

@@ -42,6 +42,7 @@ from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_flux_blocks
 from ..machinery.geometry import DitAdapter, text_length
 from ..machinery.hooks import install_dit_hooks
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, moved_spans
@@ -157,7 +158,7 @@ def _span(args: dict, ctx: CallContext, start: int, rows: int, length: int) -> I
         why = next((value for value in moved.values() if isinstance(value, Unmerged)), None)
         return why or moved
 
-    return ImageSpan(start, _tables(rows), length, adapter.segments(g.frames), dims)
+    return ImageSpan(start, _tables(rows), length, adapter.segments(g.frames), dims, keys=Keys(rows, length))
 
 
 merged_double = merged_dit_block(SLOT, double_span)

@@ -34,6 +34,7 @@ from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_forward_patches, module_forward
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, run_hook, run_merged
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
@@ -81,7 +82,7 @@ def image_span(x: torch.Tensor, ctx: CallContext) -> ImageSpan | Unmerged:
     g: VideoGeometry = ctx.geometry
     if x.shape[1] != g.all_frames * g.height * g.width:
         return TOKENS_DIFFER
-    return ImageSpan(0, (Rows("freqs", 1, 0),), x.shape[1], g.segments, tokens=x.shape[1])
+    return ImageSpan(0, (Rows("freqs", 1, 0),), x.shape[1], g.segments, tokens=x.shape[1], keys=Keys(0, x.shape[1]))
 
 
 def make_forward(block: torch.nn.Module, foreign: Callable | None) -> Callable:
@@ -90,8 +91,8 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None) -> Callable:
     run = module_forward(block, foreign)
 
     def toma_forward(visual_embed, text_embed, time_embed, freqs, transformer_options={}):  # noqa: B006 (ComfyUI's signature)
-        def call(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            return run(x, text_embed, time_embed, freqs=rows, transformer_options=transformer_options)
+        def call(x: torch.Tensor, rows: torch.Tensor, options: dict = transformer_options) -> torch.Tensor:
+            return run(x, text_embed, time_embed, freqs=rows, transformer_options=options)
 
         def merged(ctx: CallContext) -> torch.Tensor | Unmerged:
             span = image_span(visual_embed, ctx)
@@ -99,7 +100,7 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None) -> Callable:
                 return span
             return run_merged(
                 ctx, PLAN_SLOT, visual_embed, span, {"freqs": freqs},
-                call=lambda x_m, tables: call(x_m, tables["freqs"]),
+                call=lambda x_m, tables: call(x_m, tables["freqs"], tables.get("transformer_options", transformer_options)),
                 output=lambda out: out,
                 rebuild=lambda out, x: x,
             )

@@ -42,6 +42,7 @@ from ..contract import TOKENS_DIFFER, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_forward_patches, module_forward
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, run_hook, run_merged
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, moved_spans
@@ -79,7 +80,8 @@ def make_forward(layer: torch.nn.Module, foreign: Callable | None, pad_multiple:
 
         def call(seq: torch.Tensor, tables: dict) -> torch.Tensor:
             extra = {key: tables[key] for key in kwargs}
-            return run(seq, tables["x_mask"], tables["freqs_cis"], adaln_input, transformer_options=transformer_options, **extra)
+            options = tables.get("transformer_options", transformer_options)
+            return run(seq, tables["x_mask"], tables["freqs_cis"], adaln_input, transformer_options=options, **extra)
 
         def merged(ctx: CallContext) -> torch.Tensor | Unmerged:
             span = image_span(x, x_mask, freqs_cis, kwargs, ctx.geometry.tokens, pad_multiple)
@@ -117,7 +119,7 @@ def image_span(
         return layout_changed(f"no timestep_zero_index range is the image and its pads ({start}, {length})")
     tables = (Rows("x_mask", 1, start, key_mask=True), Rows("freqs_cis", 1, start))
     more = None if spans is None else lambda plan: move_spans(spans, start, n, plan.num_kept)
-    return ImageSpan(start, tables, length, more=more)
+    return ImageSpan(start, tables, length, more=more, keys=Keys(start, length))
 
 
 def per_sample_mask(x_mask: torch.Tensor | None) -> bool:

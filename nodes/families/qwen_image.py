@@ -43,6 +43,7 @@ from ..contract import TOKENS_DIFFER, CallGeometry, Unmerged, layout_changed
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks, install_forward_patches
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..machinery.spans import RowMove, SpansCut, span_forward, with_move
@@ -115,7 +116,7 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     if isinstance(zero, Unmerged):
         return zero
     frames = (Segment(g.frames),) if g.frames > 1 else None
-    return ImageSpan(0, (Rows("pe", axis, text_len),), length, segments=frames, more=zero)
+    return ImageSpan(0, (Rows("pe", axis, text_len),), length, segments=frames, more=zero, keys=Keys(text_len, length))
 
 
 merged_block = merged_dit_block(SLOT, image_span)

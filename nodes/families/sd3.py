@@ -18,6 +18,7 @@ from ..contract import TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import parse_dit_blocks
 from ..machinery.geometry import DitAdapter
 from ..machinery.hooks import install_dit_hooks
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
@@ -38,10 +39,12 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
 
 def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Joint block: img (B, N, C) is the image, merged to (B, D, C); txt, vec unchanged; no
-    per-token table (no rope)."""
-    if args["img"].shape[1] != ctx.geometry.tokens:
+    per-token table (no rope). The joint attention runs over [txt; img] (mmdit.block_mixing)."""
+    n = args["img"].shape[1]
+    if n != ctx.geometry.tokens:
         return TOKENS_DIFFER
-    return ImageSpan(0, (), args["img"].shape[1])
+    text_len = 0 if args.get("txt") is None else args["txt"].shape[1]
+    return ImageSpan(0, (), n, keys=Keys(text_len, text_len + n))
 
 
 merged_joint = merged_dit_block(SLOT, image_span)

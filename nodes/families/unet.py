@@ -16,6 +16,10 @@ resolution level is built by the first merged block at that level in a forward a
 every later block at the same h x w (the per-call plan cache of runtime.CallContext; one plan
 per level per selection epoch). Destinations are per sample (cond and uncond differ).
 
+Scope "keys_values" patches the same forwards but runs the block on its own N tokens: only attn1's
+keys and values are merged with the level's plan (machinery/keys_values.py; attn1 is the block's
+first attention call, its self-attention over the N tokens), nothing is unmerged.
+
 Scope "attention" (unet_attention.py) merges only inside the attention calls; the FF and norms
 stay at N tokens, so the speed-up is small where the FF dominates (SDXL's 1/4 level). Where the
 blocks are: unet_sites.py.
@@ -36,10 +40,11 @@ import torch
 from ..contract import CallGeometry, Unmerged
 from ..machinery.geometry import text_length
 from ..machinery.hooks import TOMA_MARK, install_forward_patches
+from ..machinery.keys_values import Keys, run_with_merged_keys
 from ..machinery.runner import run_hook
 from ..machinery.scope import refuse_proportional_attention
 from ..run.runtime import CallContext
-from ..settings import ToMASettings
+from ..settings import KEYS_VALUES, ToMASettings
 from .unet_attention import (
     REPLACE_KEY,
     install_attention_patches,
@@ -93,8 +98,11 @@ def apply(model, settings: ToMASettings) -> UNetAdapter:
             f"{describe_blocks(sites)}"
         )
     by_path = {s.path: s for s in sites}
-    whole = {s.path for s in selected} if settings.scope == "block" else set()
-    install_forward_patches(model, {s.path: s.path in whole for s in sites}, lambda path, foreign: make_block_forward(by_path[path], foreign))
+    whole = {s.path for s in selected} if settings.scope in ("block", KEYS_VALUES) else set()
+    keys_values = settings.scope == KEYS_VALUES
+    install_forward_patches(
+        model, {s.path: s.path in whole for s in sites}, lambda path, foreign: make_block_forward(by_path[path], foreign, keys_values),
+    )
     remove_own_attention_patches(model)
     if settings.scope == "attention":
         install_attention_patches(model, frozenset(s.block for s in selected))
@@ -107,9 +115,10 @@ def _describe_selection(spec: UNetBlockSpec, selected: list[TransformerSite]) ->
     return f"{spec.describe()}: in {len({s.block for s in selected})} UNet blocks at 1/{',1/'.join(map(str, levels))}"
 
 
-def make_block_forward(site: TransformerSite, foreign: Callable | None = None) -> Callable:
+def make_block_forward(site: TransformerSite, foreign: Callable | None = None, keys_values: bool = False) -> Callable:
     """Scope "block": the object patch for one block's `forward`, (x (B, N, C), context,
-    transformer_options) -> (B, N, C), running the whole BasicTransformerBlock on merged tokens.
+    transformer_options) -> (B, N, C), running the whole BasicTransformerBlock on merged tokens;
+    with `keys_values`, the block on its own tokens with attn1's keys and values merged.
 
     foreign: another pack's object patch already on this key; it runs on the merged tokens in
     place of the class's forward.
@@ -127,6 +136,9 @@ def make_block_forward(site: TransformerSite, foreign: Callable | None = None) -
             if veto is not None:
                 return veto
             plan = level_plan(ctx, x, transformer_options)
+            if keys_values:
+                keys = Keys(0, x.shape[1])
+                return run_with_merged_keys(lambda options: run(x, context, options), transformer_options, plan, keys, ctx.settings.key_mass)
             x_m = plan.merge(x)
             return plan.unmerge_residual(x, x_m, run(x_m, context, transformer_options))
 

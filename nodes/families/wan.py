@@ -48,6 +48,7 @@ from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import DitBlocks, parse_dit_blocks
 from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_dit_hooks
+from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
@@ -165,7 +166,7 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
         merged = merged_vec(args["vec"], plan, g)
         return merged if isinstance(merged, Unmerged) else {"vec": merged}
 
-    return ImageSpan(0, (Rows("pe", 1, 0),), img.shape[1], g.segments, vec, tokens=frame_tokens)
+    return ImageSpan(0, (Rows("pe", 1, 0),), img.shape[1], g.segments, vec, tokens=frame_tokens, keys=Keys(0, img.shape[1]))
 
 
 merged_block = merged_dit_block(PLAN_SLOT, image_span)

@@ -49,10 +49,13 @@ import torch
 import torch.nn.functional as F
 
 from ...toma_core import MergePlan
+from ...toma_core.keys_values import take_span
 from ...toma_core.video import Segment
 from ..contract import Unmerged, layout_changed
 from ..run.runtime import CallContext, compiling, find_call, note_orphan
+from ..settings import KEYS_VALUES
 from .hooks import MergedBlock
+from .keys_values import Keys, run_with_merged_keys
 from .spans import MOVE_KEY, MOVED_KEY, NOT_MOVED, SpansCut
 
 log = logging.getLogger(__name__)
@@ -86,7 +89,7 @@ def run_hook(args: dict, extra: dict | None, plain: Callable[[], R], merged: Cal
             ctx.record_block(False, out.reason)
         if out.layout:
             warn_layout(ctx.state.config.adapter.family, out.reason or "")
-        return plain()
+        return plain() if out.result is None else out.result
     ctx.record_block(True)
     return out
 
@@ -131,7 +134,8 @@ class ImageSpan:
     The N image tokens sit at [start, start + N) of the block's sequence (N: `tokens`, or the
     call's main grid when None); tables: its per-token tables, over `length` tokens. segments:
     the frame segments of a video grid, pass-through frames included (None: one plan over the
-    h x w grid). more(plan): further merged block arguments, or an Unmerged.
+    h x w grid). more(plan): further merged block arguments, or an Unmerged. keys: where the block's
+    self-attention holds the N image keys (scope keys_values; None: the block cannot merge them).
     """
 
     start: int
@@ -140,6 +144,7 @@ class ImageSpan:
     segments: tuple[Segment, ...] | None = None
     more: Callable[[MergePlan], dict | Unmerged] | None = None
     tokens: int | None = None
+    keys: Keys | None = None
 
 
 def image_plan(ctx: CallContext, slot: str, image: torch.Tensor, segments: tuple[Segment, ...] | None = None) -> MergePlan:
@@ -151,19 +156,19 @@ def image_plan(ctx: CallContext, slot: str, image: torch.Tensor, segments: tuple
 
 def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: int) -> dict | Unmerged:
     """The per-token tables gathered to the destinations ({key: table}), or why not."""
-    n, merged = plan.num_tokens, {}
+    merged = {}
     for rows in tables:
         table = args.get(rows.key)
         if table is None:
             continue
         if rows.key_mask:
-            table = merge_key_mask(table, plan, rows.start, n, length)
+            table = merge_key_mask(table, plan, rows.start, length)
             if isinstance(table, Unmerged):
                 return table
         elif table.ndim <= rows.dim or table.shape[rows.dim] != length:
             return layout_changed(f"{rows.key} of shape {tuple(table.shape)} does not have {length} rows on axis {rows.dim}")
         else:
-            table = merge_rows(table, rows.dim, rows.start, n, plan)
+            table = merge_rows(table, rows.dim, rows.start, plan)
         merged[rows.key] = table
     return merged
 
@@ -191,10 +196,14 @@ def run_merged(
     output(out) picks the merged sequence from its result; rebuild(out, seq') puts the unmerged
     sequence back. Returns the rebuilt result, or an Unmerged when a table has another layout or
     the block's forward patch found spans it cannot move (spans.SpansCut; nothing ran: unless_cut).
+    Scope keys_values runs the block on its own tokens with merged self-attention keys and values
+    instead (`run_keys_values`).
     """
     n = ctx.geometry.tokens if span.tokens is None else span.tokens
     image = seq[:, span.start:span.start + n]
     plan = image_plan(ctx, slot, image, span.segments)
+    if ctx.settings.scope == KEYS_VALUES:
+        return run_keys_values(ctx, plan, span.keys, seq, args, span.tables, call)
     merged = merge_tables(args, span.tables, plan, span.length)
     if span.more is not None and not isinstance(merged, Unmerged):
         extra = span.more(plan)
@@ -206,6 +215,19 @@ def run_merged(
     if isinstance(out, Unmerged):
         return out
     return rebuild(out, unmerge_span(output(out), span.start, plan, x, x_m))
+
+
+def run_keys_values(
+    ctx: CallContext, plan: MergePlan, keys: Keys | None, seq: torch.Tensor, args: dict, tables: tuple[Rows, ...],
+    call: Callable[[torch.Tensor, dict], R],
+) -> R | Unmerged:
+    """The block on its own N tokens, its per-token tables as they are, its self-attention on the
+    image keys and values merged with `plan` where `keys` says (machinery/keys_values.py). Unmerged
+    when the family places no keys, or as run_with_merged_keys says."""
+    if keys is None:
+        return Unmerged("scope keys_values: this block's self-attention keys are not located")
+    own = {rows.key: args[rows.key] for rows in tables if rows.key in args}
+    return run_with_merged_keys(lambda options: call(seq, own | {"transformer_options": options}), args.get("transformer_options"), plan, keys, ctx.settings.key_mass)
 
 
 def merged_dit_block(slot: str, locate: Callable[[dict, CallContext], ImageSpan | Unmerged]) -> MergedBlock:
@@ -252,27 +274,17 @@ def unmerge_span(out: torch.Tensor, start: int, plan: MergePlan, x: torch.Tensor
     return torch.cat([out[:, :start], y, out[:, start + d:]], dim=1)
 
 
-def merge_rows(rows: torch.Tensor | None, dim: int, start: int, n: int, plan: MergePlan) -> torch.Tensor | None:
-    """Per-token rows (pe, mask) along `dim`: rows [start, start+n) -> the D destinations' rows.
-
-    rows has batch 1 or B in dim 0; the other spans are expanded to the plan's batch if needed.
-    """
-    if rows is None:
-        return None
-    span = plan.take(rows.narrow(dim, start, n), dim)
-    head = rows.narrow(dim, 0, start)
-    tail = rows.narrow(dim, start + n, rows.shape[dim] - start - n)
-    if span.shape[0] != rows.shape[0]:
-        head = head.expand(span.shape[0], *head.shape[1:])
-        tail = tail.expand(span.shape[0], *tail.shape[1:])
-    return torch.cat([head, span, tail], dim=dim)
+def merge_rows(rows: torch.Tensor | None, dim: int, start: int, plan: MergePlan) -> torch.Tensor | None:
+    """Per-token rows (pe, mask) along `dim`: rows [start, start+n) -> the D destinations' rows
+    (toma_core.keys_values.take_span). None stays None."""
+    return None if rows is None else take_span(rows, dim, start, plan)
 
 
-def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, n: int, length: int) -> torch.Tensor | None | Unmerged:
+def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, length: int) -> torch.Tensor | None | Unmerged:
     """Merge a key mask (B|1, ..., L) over the L = `length` keys (HunyuanVideo's (1, 1, L),
     Lumina2's (B, L)): the destinations' columns. Unmerged for another layout."""
     if mask is None:
         return None
     if mask.ndim < 2 or mask.shape[-1] != length:
         return layout_changed(f"key mask of shape {tuple(mask.shape)} does not end in {length} keys")
-    return merge_rows(mask, mask.ndim - 1, start, n, plan)
+    return merge_rows(mask, mask.ndim - 1, start, plan)

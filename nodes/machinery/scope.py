@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from ..settings import ToMASettings
+from ..settings import KEYS_VALUES, ToMASettings
 
 
 def require_block_scope(settings: ToMASettings, family: str) -> None:
     """ValueError unless `settings` asks for what every DiT adapter but Flux honours: scope "block"
-    and no proportional attention (their attention takes no bias through the block arguments)."""
-    if settings.scope != "block":
+    or "keys_values" (machinery/keys_values.py) and no proportional attention (their attention takes
+    no bias through the block arguments)."""
+    if settings.scope not in ("block", KEYS_VALUES):
         raise ValueError(
             f"scope={settings.scope!r} is available for Flux-family and UNet models only; {family} merges "
-            "whole blocks (scope 'block')"
+            f"whole blocks (scope 'block') or its self-attention's keys and values (scope '{KEYS_VALUES}')"
         )
     refuse_proportional_attention(settings, family)
 

@@ -6,7 +6,8 @@ call them with their model, latent and conditioning):
 - the unpatched model is bit-identical after patched runs and keeps no ToMA state;
 - under CFG a batch of two equals two single runs, and each sample of a batch gets its own
   destinations (per-sample plans);
-- odd latent sizes run, merge, and stay bit-identical at ratio 0.
+- odd latent sizes run, merge, and stay bit-identical at ratio 0;
+- scope keys_values keeps every query and pass-through key exact and merges only image keys.
 """
 
 from __future__ import annotations
@@ -157,6 +158,63 @@ def check_passthrough_rows(
     for p_t, m_t in zip(plain[first], merged[first]):
         for p_start, m_start, count in spans:
             torch.testing.assert_close(m_t[:, m_start:m_start + count], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
+
+
+def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list) -> list[tuple[torch.Tensor, ...]]:
+    """(q, k, v) of every attention call of a 1-step, cfg-1 run as (B, L, H, e), whatever layout the
+    model hands its attention ((B, L, H e) split by the call's `heads`)."""
+    calls: list[tuple[torch.Tensor, ...]] = []
+
+    def override(func, q, k, v, heads, *args, **kwargs):
+        tensors = (q, k, v)
+        if kwargs.get("skip_reshape"):
+            tensors = tuple(t.transpose(1, 2) for t in tensors)
+        else:
+            tensors = tuple(t.unflatten(-1, (heads, -1)) for t in tensors)
+        calls.append(tuple(t.detach().clone() for t in tensors))
+        return func(q, k, v, heads, *args, **kwargs)
+
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    sample(tiny, clone, latent, pos, neg, steps=1, cfg=1.0)
+    return calls
+
+
+def check_keys_values_rows(
+    tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list,
+    kept: Any, merged_tokens: int, **settings: Any,
+) -> None:
+    """Scope keys_values, which rows merged: at the first merged attention (the first selected block's
+    self-attention, whose inputs equal the unpatched run's) every query reaches the kernel as
+    unpatched (scaled by sqrt(e'/e) beside the constant mass channel, toma_core/keys_values.py),
+    the pass-through key and value rows of `kept` (see check_passthrough_rows) exactly, with mass
+    0, and N - D = `merged_tokens` image keys fewer, each with a log-mass >= 0. The block's later
+    attention calls (cross-attention) keep their keys; the run's output is finite and changed."""
+    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values"} | settings
+    plain = heads_first_inputs(tiny, model, latent, pos, neg)
+    merged = heads_first_inputs(tiny, patch(toma, model, **settings), latent, pos, neg)
+    assert len(plain) == len(merged)
+    first = next((i for i, (p, m) in enumerate(zip(plain, merged)) if p[1].shape[1] != m[1].shape[1]), None)
+    assert first is not None, "no attention ran on merged keys"
+    (q_p, k_p, v_p), (q_m, k_m, v_m) = plain[first], merged[first]
+    e, e_pad = q_p.shape[-1], q_m.shape[-1]
+    assert q_m.shape[:-1] == q_p.shape[:-1]
+    assert k_p.shape[1] - k_m.shape[1] == merged_tokens
+    scale = (e_pad / e) ** 0.5 if e_pad > e else 1.0
+    torch.testing.assert_close(q_m[..., :e] / scale, q_p, rtol=1e-5, atol=1e-5)
+    spans = kept(k_p.shape[1], k_m.shape[1])
+    for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
+        for p_start, m_start, count in spans:
+            torch.testing.assert_close(m_t[:, m_start:m_start + count, :, :e], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
+    if e_pad > e:
+        assert torch.equal(q_m[..., e], torch.ones_like(q_m[..., e]))
+        mass = k_m[..., e]
+        assert (mass > -1e-4).all()
+        for _, m_start, count in spans:
+            assert torch.equal(mass[:, m_start:m_start + count], torch.zeros_like(mass[:, m_start:m_start + count]))
+        assert mass.max() > 0
+    later = [(p, m) for p, m in zip(plain[first + 1:], merged[first + 1:]) if p[0].shape[1] != p[1].shape[1]]
+    assert all(p[1].shape == m[1].shape for p, m in later)
 
 
 def require(model: Any, name: str) -> Any:

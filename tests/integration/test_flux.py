@@ -167,6 +167,7 @@ def test_text_and_reference_rows_pass_through_exactly(tiny_flux: Any, tiny: Any,
         pos, neg = kontext_conditioning(tiny, tiny_flux, method)
     kept = text_and_references(0 if method is None else REFS)
     fc.check_passthrough_rows(tiny, toma, tiny_flux, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, tiny_flux, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
 
 
 @pytest.fixture(scope="module")

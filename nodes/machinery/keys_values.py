@@ -1,0 +1,149 @@
+"""Scope "keys_values": a merged block keeps every query; its self-attention runs on merged image
+keys and values (toma_core/keys_values.py, DESIGN §1.9). Nothing is unmerged: every token keeps
+its own residual, its MLP and its attention output, computed against a shorter context.
+
+Every ComfyUI attention call goes through `transformer_options["optimized_attention_override"]`
+(comfy.ldm.modules.attention.wrap_attn) after the model's qk-norm and rope. For one block run the
+shared runner (runner.py `run_merged`) puts a `KeysValuesOverride` in a copy of the block's
+transformer_options; the block runs on its own N tokens, and the override changes the first
+attention call it sees, which in every supported block is its self-attention (the cross-attention
+to text of Wan, Kandinsky 5 and the UNet comes after it):
+
+    q (B, H, L_q, e)                                   unchanged: L_q = `Keys.queries`
+    k, v (B, H, L_k, e), image rows at Keys.start      -> [head; M img; tail] (B, H, L_k - N + D, e)
+    mask (..., L_k)                                    -> the destinations' key columns
+    log-mass of the merged keys                        -> one extra q/k channel (with_mass_channel)
+
+A first call of another shape (the block's layout changed under ComfyUI) raises SpansCut before
+anything merges: the block runs again unmerged, with the layout reason. A block whose attention
+never reaches the override (another node replaced it outside ComfyUI's attention functions) has
+run exactly as unpatched; it is counted unmerged with NOT_REACHED rather than run twice.
+Another override already in the options (a node choosing the attention kernel, another pack's
+attention patch) stays in charge of the kernel: it receives the merged keys and values.
+
+Keys are merged after rope: a merged key averages its cluster's rotated keys, so its logit
+q.(M k) = sum_i M_i q.k_i is the mean of the cluster's own roped logits (exact per key, linear in
+the keys); what is lost is only the spread of those logits inside one tile, the same loss as
+merging keys without rope (docs/keys_values.md; tests/test_keys_values.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+import torch
+
+from ...toma_core import MergePlan
+from ...toma_core.keys_values import (
+    join_heads,
+    key_bias,
+    merge_key_rows,
+    split_heads,
+    take_span,
+    with_mass_channel,
+)
+from ..contract import NOTHING_TO_MERGE, Unmerged, layout_changed
+from .spans import SpansCut
+
+OVERRIDE = "optimized_attention_override"
+"""The transformer_options key comfy.ldm.modules.attention.wrap_attn hands every attention call to."""
+
+POSITIONAL = ("mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+"""The arguments after `heads` of ComfyUI's attention functions (attention_pytorch & co.), in order:
+some callers pass the mask positionally (optimized_attention_masked in Qwen-Image and Lumina2)."""
+
+R = TypeVar("R")
+
+NOT_REACHED = Unmerged("attention not reached: another node replaced it outside ComfyUI's attention functions")
+"""A keys/values run whose block never called an attention function through its transformer_options."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Where a block's self-attention holds the N image keys: rows [start, start + N) of a key
+    sequence with `queries` queries (the block's own tokens, text first or after as the family lays
+    them out; the keys may be longer, e.g. cached reference keys appended after them)."""
+
+    start: int
+    queries: int
+
+
+class KeysValuesOverride:
+    """An optimized_attention_override that merges the image keys and values of the first attention
+    call (see the module docstring); `inner`: the override it chains to, or None."""
+
+    def __init__(self, plan: MergePlan, keys: Keys, inner, mass: bool) -> None:
+        self.plan = plan
+        self.keys = keys
+        self.inner = inner
+        self.mass = mass
+        self.calls = 0
+
+    def __call__(self, func, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, *args, **kwargs) -> torch.Tensor:
+        kwargs = dict(zip(POSITIONAL, args)) | kwargs
+        run = func if self.inner is None else (lambda *a, **kw: self.inner(func, *a, **kw))
+        self.calls += 1
+        if self.calls > 1:
+            return run(q, k, v, heads, **kwargs)
+        heads_first = bool(kwargs.get("skip_reshape"))
+        q, k, v = (t if heads_first else split_heads(t, heads) for t in (q, k, v))
+        self._check(q, k, v, kwargs.get("mask"))
+        start = self.keys.start
+        k, v = merge_key_rows(k, self.plan, start), merge_key_rows(v, self.plan, start)
+        if kwargs.get("mask") is not None:
+            kwargs["mask"] = merged_key_mask(kwargs["mask"], self.plan, start)
+        bias = key_bias(self.plan, start, k.shape[2], q) if self.mass else None
+        width = q.shape[-1]
+        if bias is not None:
+            q, k, v = with_mass_channel(q, k, v, bias)
+        wants_heads = bool(kwargs.get("skip_output_reshape"))
+        out = run(q, k, v, heads, **(kwargs | {"skip_reshape": True, "skip_output_reshape": True}))
+        out = out[..., :width]
+        return out if wants_heads else join_heads(out)
+
+    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> None:
+        """SpansCut unless q / k / v hold the block's queries and image keys where Keys says."""
+        n, keys = self.plan.num_tokens, self.keys
+        if q.shape[2] != keys.queries or k.shape[2] < keys.start + n or v.shape[2] != k.shape[2]:
+            raise SpansCut(layout_changed(
+                f"self-attention of {q.shape[2]} queries and {k.shape[2]} keys, expected {keys.queries} queries and "
+                f"the {n} image keys at {keys.start}"
+            ))
+        if mask is not None and (not torch.is_tensor(mask) or mask.shape[-1] != k.shape[2]):
+            raise SpansCut(layout_changed(f"attention mask of shape {tuple(getattr(mask, 'shape', ()))} does not end in {k.shape[2]} keys"))
+
+
+def merged_key_mask(mask: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
+    """An attention mask (..., L_k) with its image key columns [start, start + N) replaced by their
+    destinations' columns. A 2-d mask is (L_q, L_k) for every sample, as ComfyUI's attention
+    functions read it (attention_pytorch), so it gains a batch axis first."""
+    if mask.ndim == 2:
+        mask = mask.unsqueeze(0)
+    return take_span(mask, mask.ndim - 1, start, plan)
+
+
+def keys_values_options(options: dict | None, plan: MergePlan, keys: Keys, mass: bool) -> tuple[dict, KeysValuesOverride]:
+    """A copy of a block's transformer_options whose first attention call merges the image keys and
+    values with `plan`, and the override (its `calls` tell whether the attention was reached)."""
+    options = dict(options or {})
+    override = KeysValuesOverride(plan, keys, options.get(OVERRIDE), mass)
+    options[OVERRIDE] = override
+    return options, override
+
+
+def run_with_merged_keys(call: Callable[[dict], R], options: dict | None, plan: MergePlan, keys: Keys, mass: bool) -> R | Unmerged:
+    """call(options') with options' = `options` carrying the keys/values override: the block's result,
+    the layout reason when its first attention call is not the expected self-attention (the block
+    then runs again unmerged), or NOT_REACHED with the result when no attention call reached the
+    override (the block ran exactly as unpatched: counted, not run twice). A plan that keeps every
+    token merges nothing: NOTHING_TO_MERGE (the block runs as it is)."""
+    if plan.num_kept == plan.num_tokens:
+        return NOTHING_TO_MERGE
+    patched, override = keys_values_options(options, plan, keys, mass)
+    try:
+        out = call(patched)
+    except SpansCut as cut:
+        return cut.unmerged
+    return out if override.calls else replace(NOT_REACHED, result=out)

@@ -1,0 +1,103 @@
+"""Keys/values merging: every query kept, attention over merged image keys and values (DESIGN §1.9).
+
+Instead of running a whole block on D merged tokens and spreading its change back to N, keep all
+queries and shorten only the context of self-attention: the N image keys and values at
+[start, start + N) of the key sequence become D merged ones with the same plan (`MergePlan.merge`,
+rows of M summing to 1), text and other keys pass through:
+
+    K_m = [K_head; M K_img; K_tail],  V_m = [V_head; M V_img; V_tail]        (B, H, L - N + D, e)
+    out = softmax(Q K_m^T / sqrt(e) + log m) V_m                               (B, H, L_q, e)
+
+m (B, D) is each merged key's mass, the tokens it stands for (plan.cluster_sizes(); log m is
+plan.size_bias(), 0 for the keys that pass through). With a hard assignment and a cluster of equal
+keys and values this is exactly the unmerged attention: exp(q.k + log m) = m exp(q.k) counts the
+cluster's m equal terms (proportional attention, Bolya et al., ToMe, ICLR 2023, §3).
+
+The bias rides in one extra channel instead of an attention mask, so unmasked fast kernels still
+run (`with_mass_channel`): queries get a constant 1, keys their log-mass, and the head size is
+padded to a multiple of the kernel's (8), zeros elsewhere; queries are scaled so that the kernel's
+1 / sqrt(e') softmax scale of the padded size e' gives back 1 / sqrt(e) on the real channels:
+
+    q' = [q sqrt(e'/e), 1, 0...],  k' = [k, sqrt(e') log m, 0...],  v' = [v, 0, 0...]
+    q'.k' / sqrt(e') = q.k / sqrt(e) + log m
+
+Layout: (B, H, L, e) throughout (heads first, as every ComfyUI attention function takes it with
+skip_reshape); `split_heads` / `join_heads` convert from and to (B, L, H e).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from .plan import MergePlan
+
+HEAD_MULTIPLE = 8
+"""Head sizes fast attention kernels take are multiples of 8 (flash attention, SDPA's fused paths)."""
+
+
+def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, H e) -> (B, H, L, e)."""
+    return rearrange(t, "b l (h e) -> b h l e", h=heads)
+
+
+def join_heads(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, e) -> (B, L, H e)."""
+    return rearrange(t, "b h l e -> b l (h e)")
+
+
+def merge_key_rows(t: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
+    """Keys or values t (B|1, H, L, e) with the N image rows at [start, start + N) merged to the plan's
+    D: (B, H, L - N + D, e). A key batch of 1 (shared keys) is expanded to the plan's batch."""
+    n, heads = plan.num_tokens, t.shape[1]
+    if t.shape[0] != plan.batch:
+        t = t.expand(plan.batch, *t.shape[1:])
+    span = plan.merge(rearrange(t[:, :, start:start + n], "b h n e -> b n (h e)"))
+    span = rearrange(span, "b d (h e) -> b h d e", h=heads)
+    return torch.cat([t[:, :, :start], span, t[:, :, start + n:]], dim=2)
+
+
+def take_span(rows: torch.Tensor, dim: int, start: int, plan: MergePlan) -> torch.Tensor:
+    """Per-token rows (rope tables, mask columns) along `dim`, batch 1 or B in dim 0: the N rows at
+    [start, start + N) become their D destinations' rows (plan.take), the rows around them stay;
+    a batch-1 table is expanded to the plan's batch where the destinations differ per sample."""
+    n = plan.num_tokens
+    span = plan.take(rows.narrow(dim, start, n), dim)
+    head = rows.narrow(dim, 0, start)
+    tail = rows.narrow(dim, start + n, rows.shape[dim] - start - n)
+    if span.shape[0] != rows.shape[0]:
+        head = head.expand(span.shape[0], *head.shape[1:])
+        tail = tail.expand(span.shape[0], *tail.shape[1:])
+    return torch.cat([head, span, tail], dim=dim)
+
+
+def padded_head(size: int) -> int:
+    """e' = e + 1 rounded up to HEAD_MULTIPLE: the head size that holds the log-mass channel."""
+    return -(-(size + 1) // HEAD_MULTIPLE) * HEAD_MULTIPLE
+
+
+def key_bias(plan: MergePlan, start: int, keys: int, like: torch.Tensor) -> torch.Tensor | None:
+    """(B, L_k) log-mass of every one of the `keys` keys after merging (0 outside the D merged ones at `start`), in
+    like's dtype and device; None for the no-op plan (nothing to weigh)."""
+    bias = plan.size_bias()
+    if bias is None:
+        return None
+    return F.pad(bias.to(like), (start, keys - start - bias.shape[1]))
+
+
+def with_mass_channel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B|1, H, L_q, e), k / v (B, H, L_k, e), bias (B, L_k) -> the same with head size e' =
+    padded_head(e), carrying bias in one channel (see the module docstring); the attention output's
+    first e channels are the biased attention."""
+    e = q.shape[-1]
+    pad = padded_head(e) - e
+    scale = math.sqrt((e + pad) / e)
+    ones = torch.ones(*q.shape[:-1], 1, dtype=q.dtype, device=q.device)
+    q = torch.cat([q * scale, ones, q.new_zeros(*q.shape[:-1], pad - 1)], dim=-1)
+    column = (bias * math.sqrt(e + pad)).to(k.dtype)[:, None, :, None].expand(-1, k.shape[1], -1, -1)
+    k = torch.cat([k, column, k.new_zeros(*k.shape[:-1], pad - 1)], dim=-1)
+    v = F.pad(v, (0, pad))
+    return q, k, v
