@@ -7,7 +7,7 @@ Scope keys_values weighs each merged key by the tokens it stands for: log(mass) 
 through one extra query/key channel (toma_core/keys_values.py). `ToMASettings.key_mass=False` drops
 that weight (every merged key counts once). Every row patches the fixture with the settings directly
 (the node exposes no switch), samples the same seeds as the unpatched reference (the fixture's sampler,
-every step merged, every block, tile 4, min_tokens 0) and decodes with the fixture's codec; PSNR is
+every step merged, the blocks of --blocks, tile 4, min_tokens 0) and decodes with the fixture's codec; PSNR is
 per image (over the whole clip for Wan), mean over seeds. Prints one Markdown table.
 """
 
@@ -29,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75, 0.9])
     p.add_argument("--seeds", type=int, default=2, help="seeds 0..N-1")
     p.add_argument("--steps", type=int, default=0, help="steps (0: the fixture's sampler)")
+    p.add_argument("--blocks", default="auto", help="the blocks setting of every row (auto: the node's default)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"])
     args = p.parse_args(argv)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             row = []
             for mass in (True, False):
                 toma = settings.ToMASettings(
-                    ratio=ratio, tile_size=4, schedule=core.MergeSchedule(0.0, 1.0), blocks="all", scope="keys_values",
+                    ratio=ratio, tile_size=4, schedule=core.MergeSchedule(0.0, 1.0), blocks=args.blocks, scope="keys_values",
                     key_mass=mass,
                 )
                 patched = patching.patch_model(model, toma)
