@@ -114,8 +114,7 @@ class ToMASettings:
             raise ValueError(f"unmerge={self.unmerge!r} is not one of {', '.join(UNMERGES)}")
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
-        if not isinstance(self.blocks, str) or not self.blocks.strip():
-            raise ValueError(f"blocks={self.blocks!r} must be a non-empty string: 'auto', 'all' or a block list")
+        check_blocks_text(self.blocks)
         for name in ("verbose", "proportional_attention", "key_mass"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
@@ -166,6 +165,13 @@ class ToMASettings:
             f"window {s.start_percent:g}-{s.end_percent:g}, merge every {s.merge_every}, "
             f"recompute every {s.recompute_every}"
         )
+
+
+def check_blocks_text(value: object) -> None:
+    """ValueError unless `blocks` is a non-empty string; its list is parsed per family
+    (machinery/block_lists.py), once the model is known."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"blocks={value!r} must be a non-empty string: 'auto', 'all' or a block list")
 
 
 def parse_min_tokens(value: object) -> int | str:

@@ -3,6 +3,7 @@ section, and every relative link of README.md and docs/*.md reaches a file (and 
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -76,3 +77,62 @@ def test_every_document_is_reachable_from_the_readme():
                 reached.add(destination)
                 todo.append(destination)
     assert not [doc.name for doc in DOCS if doc.resolve() not in reached]
+
+
+PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdifgrx]|\{[^{}]*\}")
+"""Where a logging (%s) or str.format ({}) message puts a value."""
+COMFYUI_QUOTES = ("IMPORT FAILED",)
+"""Troubleshooting also quotes ComfyUI's own start-up lines (its nodes.py prints them), not the pack's."""
+
+
+def message_pieces() -> set[str]:
+    """The literal text of every string the pack's code can build a message from (nodes/), cut
+    where a value goes in: an f-string's fields, %s and {} placeholders. Docstrings left out."""
+    pieces: set[str] = set()
+    for path in (ROOT / "nodes").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(v.value if isinstance(v, ast.Constant) else "\0" for v in node.values)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = PLACEHOLDER.sub("\0", node.value)
+            else:
+                continue
+            pieces.update(text.split("\0"))
+    return pieces - {""}
+
+
+def written_by_the_code(fragment: str, pieces: set[str]) -> bool:
+    """Whether `fragment` is text a message can hold: the end of one piece, then whole pieces, then
+    the start of one, joined only where the code puts a value (or the fragment lies inside one piece)."""
+    starts = {0}
+    for start in range(len(fragment)):
+        if start not in starts:
+            continue
+        rest = fragment[start:]
+        if any((p.startswith(rest) if start else rest in p) for p in pieces):
+            return True
+        for piece in pieces:
+            if start == 0:
+                starts.update(len(piece) - k for k in range(1, len(piece)) if rest.startswith(piece[k:]))
+            if rest.startswith(piece):
+                starts.add(start + len(piece))
+    return False
+
+
+def troubleshooting_quotes() -> list[str]:
+    """The pack's messages Troubleshooting quotes: `code` with '...' where the message has a value."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Troubleshooting"):]
+    section = section[: section.find("\n## ", 1)]
+    quotes = re.findall(r"`([^`]+)`", section)
+    return [q for q in quotes if "..." in q and not any(name in q for name in COMFYUI_QUOTES)]
+
+
+def test_troubleshooting_quotes_messages_the_pack_has():
+    pieces = message_pieces()
+    quotes = troubleshooting_quotes()
+    assert len(quotes) >= 5, quotes
+    unknown = [q for q in quotes if not all(written_by_the_code(f, pieces) for f in q.split("...") if f)]
+    assert not unknown, f"Troubleshooting quotes messages no code in nodes/ writes: {unknown}"

@@ -93,7 +93,7 @@ def test_flux_blocks_all_and_lists():
     "spec, words",
     [
         ("double:0-19", ["0-19", "0-18"]),
-        ("triple:1", ["triple", "double, single"]),
+        ("triple:1", ["triple", "groups are 'double' and 'single'"]),
         ("double:3-1", ["3-1"]),
         ("double:a", ["'a'"]),
         ("5", ["'5'"]),

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.pack import pack_module
+
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python >= 3.11")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +50,19 @@ def test_project_identity():
     assert PROJECT["urls"]["Issues"].startswith("https://")
 
 
+def test_description_is_a_sentence_naming_every_family_as_the_nodes_do():
+    """The Registry's and Manager's one line: the registry's families (node_models(), the
+    nodes' own description) in its order, in one sentence."""
+    description = PROJECT["description"]
+    registry = pack_module("nodes.families.registry")
+    unnamed = [f.name for f in registry.FAMILIES if f.node_models not in description]
+    assert not unnamed, f"pyproject's description leaves out {unnamed}: write registry.node_models() into it"
+    assert f" for {registry.node_models()}: " in description, "pyproject's description: paste registry.node_models()"
+    assert description[0].isupper() and description.endswith(".") and "\n" not in description
+    outside_brackets = re.sub(r"\([^)]*\)", "", description)  # "(incl. Kontext, Fill)", "(Lu et al., ...)"
+    assert not re.search(r"[.!?]\s+[A-Z]", outside_brackets), "one sentence"
+
+
 def test_dependencies_leave_torch_to_comfyui_and_match_requirements_txt():
     declared = PROJECT["dependencies"]
     assert not requirement_names(declared) & SHIPPED_BY_COMFYUI
@@ -78,7 +93,7 @@ def test_changelog_has_the_current_version():
 # archives the git-tracked files (every file outside a git checkout) minus the gitwildmatch patterns of
 # .comfyignore; `[tool.comfy] includes` would add untracked paths back (none here).
 
-DEVELOPMENT_ONLY = ("tests/", "bench/", "fixtures/", "docs/", ".ci/", ".github/")
+DEVELOPMENT_ONLY = ("tests/", "bench/", "harness/", "fixtures/", ".ci/", ".github/")
 LOADED_FOLDERS = ("nodes/", "toma_core/", "example_workflows/")
 ROOT_FILES = {"__init__.py", "pyproject.toml", "requirements.txt", "LICENSE", "README.md", "CHANGELOG.md"}
 
@@ -115,11 +130,33 @@ def icon_path() -> str:
 
 def test_archive_is_what_comfyui_loads_and_nothing_else():
     files = candidate_files()
-    expected = ROOT_FILES | {icon_path()} | {name for name in files if name.startswith(LOADED_FOLDERS)}
+    pages = {name for name in files if name.startswith("docs/") and name.endswith(".md")}
+    pictures = {name for name in readme_targets() if name.startswith("assets/")}
+    expected = ROOT_FILES | {icon_path()} | pictures | pages | {name for name in files if name.startswith(LOADED_FOLDERS)}
     shipped = archive_files()
     assert shipped == expected, f"missing: {sorted(expected - shipped)}; not wanted: {sorted(shipped - expected)}"
     assert not [name for name in shipped if name.startswith(DEVELOPMENT_ONLY)]
-    assert [name for name in shipped if name.startswith("assets/")] == [icon_path()]
+    assert sorted(name for name in shipped if name.startswith("assets/")) == sorted({icon_path()} | pictures)
+
+
+README_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)|<img\s[^>]*src=\"([^\"]+)\"")
+CODE_BLOCK = re.compile(r"^```.*?^```", flags=re.S | re.M)
+
+
+def readme_targets() -> set[str]:
+    """The repository files README.md's relative links and pictures point at (anchors dropped)."""
+    text = CODE_BLOCK.sub("", (ROOT / "README.md").read_text(encoding="utf-8"))
+    targets = {(link or image).partition("#")[0] for link, image in README_LINK.findall(text)}
+    return {os.path.normpath(t).replace(os.sep, "/") for t in targets if t and not re.match(r"^[a-z][a-z0-9+.-]*:", t)}
+
+
+def test_readme_links_resolve_inside_the_archive():
+    """A Registry / Manager install gets the archive: every relative link and picture of its
+    README.md reaches a file in it (absolute https links are the browser's)."""
+    targets = readme_targets()
+    assert any(t.endswith(".md") for t in targets) and any(t.endswith(".png") for t in targets), sorted(targets)
+    missing = sorted(targets - archive_files())
+    assert not missing, f"README.md links to files the Registry archive leaves out: {missing}"
 
 
 def test_archive_is_small():

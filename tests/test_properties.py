@@ -36,6 +36,8 @@ from toma_core.video import Segment, frame_runs, make_video_plan  # noqa: E402
 dit_blocks = pack_module("nodes.machinery.dit_blocks")
 unet_blocks = pack_module("nodes.families.unet_blocks")
 settings_mod = pack_module("nodes.settings")
+registry = pack_module("nodes.families.registry")
+input_checks = pack_module("nodes.node.input_checks")
 
 FEW, SOME, MANY = 50, 150, 300
 """max_examples per property, sized by the cost of one example (the whole file: ~40 s of CPU on one core)."""
@@ -125,6 +127,28 @@ def test_unet_block_lists_accept_or_name_the_value(spec: str) -> None:
         assert str(error).startswith(f"blocks={spec!r}")
     else:
         assert parsed.mode in ("auto", "all", "list")
+
+
+@settings(max_examples=MANY)
+@given(st.one_of(SPEC_TEXT, unet_spec(), st.text(alphabet="inputmdlerauoblcks:-,0123456789 ", max_size=30)))
+def test_queued_block_check_refuses_only_what_every_family_refuses(spec: str) -> None:
+    """The check of a queued prompt (node/input_checks.py) never refuses a list some model takes:
+    a list it refuses, every family refuses when the node runs (the settings, then the family's
+    parser: a DiT with 40 blocks per group, the UNet)."""
+    parsers = [unet_blocks.parse_unet_blocks] + [
+        lambda text, groups=f.groups: dit_blocks.parse_dit_blocks(text, dict.fromkeys(groups, 40))
+        for f in registry.FAMILIES if f.streams
+    ]
+    accepted = []
+    for parse in parsers:
+        try:
+            settings_mod.ToMASettings(blocks=spec)
+            parse(spec)
+        except ValueError:
+            continue
+        accepted.append(parse)
+    refused = input_checks.queued_input_errors(spec, "auto")
+    assert not (refused and accepted), (refused, accepted)
 
 
 # Settings -----------------------------------------------------------------------------------------

@@ -71,10 +71,10 @@ def test_describe_is_canonical() -> None:
 @pytest.mark.parametrize(
     "spec, words",
     [
-        ("double:0-3", ["'double:0-3'", "input, middle, output"]),
-        ("input:8-4", ["8-4", "N <= M"]),
-        ("input:a", ["'a'", "N-M"]),
-        ("4-5", ["group first"]),
+        ("double:0-3", ["'double:0-3'", "groups are 'input', 'middle' and 'output'"]),
+        ("input:8-4", ["8-4", "low to high"]),
+        ("input:a", ["'a'", "5-18 or 7"]),
+        ("4-5", ["group before it"]),
         (",", ["selects no block"]),
         ("input:-1", ["'-1'"]),
     ],

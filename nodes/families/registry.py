@@ -32,6 +32,7 @@ from . import (
     wan,
 )
 from .refusals import REFUSED
+from .unet_blocks import GROUPS as UNET_GROUPS
 from .unet_cost import UNetCost
 
 Apply = Callable[..., FamilyAdapter]
@@ -60,6 +61,12 @@ class Family:
     node_models: str
     blocks_example: str
     video: bool = False
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The groups its `blocks` list names: its streams' (a DiT), else the UNet's levels
+        (unet_blocks.GROUPS), by which the UNet names its blocks."""
+        return tuple(group for group, _ in self.streams) or UNET_GROUPS
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -193,6 +200,12 @@ def blocks_examples() -> str:
     for f in FAMILIES:
         layouts.setdefault(f.blocks_example, []).append(f.title)
     return ", ".join(f"'{example}' ({', '.join(titles)})" for example, titles in layouts.items())
+
+
+def block_groups() -> tuple[str, ...]:
+    """Every group a `blocks` list may name on some family, each once: what a list can be checked
+    against before the model, and so its family, is known (node/input_checks.py)."""
+    return tuple(dict.fromkeys(group for f in FAMILIES for group in f.groups))
 
 
 def video_models() -> str:

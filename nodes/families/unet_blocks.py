@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..machinery.block_lists import BAD_GROUP, BAD_RANGE, NO_GROUP, block_items
+from ..machinery.block_lists import block_items, groups_menu
 
 BlockId = tuple[str, int]
 
@@ -71,29 +71,13 @@ def parse_unet_blocks(spec: str) -> UNetBlockSpec:
         return UNetBlockSpec("all")
     groups: set[str] = set()
     ids: set[BlockId] = set()
-    for group, span in block_items(text, GROUPS, lambda item, problem, _: ValueError(_spec_error(spec, item, PROBLEMS[problem]))):
+    for group, span in block_items(spec, GROUPS, MENU):
         if span is None:
             groups.add(group)
-            continue
-        lo, hi = span
-        if hi < lo:
-            raise ValueError(_spec_error(spec, f"{lo}-{hi}", f"range {lo}-{hi} is empty; write it as 'N-M' with N <= M"))
-        ids.update((group, i) for i in range(lo, hi + 1))
-    if not groups and not ids:
-        raise ValueError(_spec_error(spec, spec, "it selects no block"))
+        else:
+            ids.update((group, i) for i in range(span[0], span[1] + 1))
     return UNetBlockSpec("list", frozenset(groups), frozenset(ids))
 
 
-PROBLEMS = {
-    NO_GROUP: "a range needs a group first, e.g. 'input:4-8'",
-    BAD_GROUP: f"the group must be one of {', '.join(GROUPS)}",
-    BAD_RANGE: "a range is 'N' or 'N-M' with 0 <= N <= M",
-}
-"""What each problem of block_lists.block_items means for a UNet `blocks` list."""
-
-
-def _spec_error(spec: str, item: str, why: str) -> str:
-    return (
-        f"blocks={spec!r}: bad item {item!r}: {why}. Accepted for UNet models: 'auto', 'all', or a list "
-        f"like 'input:4-8,middle,output:0-5' (groups {', '.join(GROUPS)}; ranges N or N-M)"
-    )
+MENU = groups_menu(GROUPS, "input:4-8,middle,output:0-5")
+"""What a UNet `blocks` list may name, for its errors (machinery/block_lists.py)."""

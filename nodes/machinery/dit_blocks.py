@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .block_lists import BAD_GROUP, BAD_RANGE, Span, block_items
+from .block_lists import Span, block_items, groups_menu
 
 AUTO_SKIP = 5
 
@@ -63,11 +63,9 @@ def parse_dit_blocks(spec: str, sizes: dict[str, int]) -> DitBlocks:
         return DitBlocks(tuple((g, frozenset(range(n))) for g, n in sizes.items()))
     if text == "auto":
         return DitBlocks(tuple((g, frozenset(range(min(AUTO_SKIP, n // 3), n))) for g, n in sizes.items()))
-    items = block_items(text, sizes, lambda item, problem, group: _item_error(spec, sizes, item, problem, group))
-    if not items:
-        raise _item_error(spec, sizes, text, BAD_GROUP, None)
+    example = ",".join(f"{g}:0-{n - 1}" for g, n in sizes.items() if n)
     chosen: dict[str, set[int]] = {g: set() for g in sizes}
-    for group, span in items:
+    for group, span in block_items(spec, sizes, groups_menu(list(sizes), example)):
         chosen[group].update(_indices(span, group, sizes[group], spec))
     return DitBlocks(tuple((g, frozenset(chosen[g])) for g in sizes))
 
@@ -77,22 +75,10 @@ def parse_flux_blocks(spec: str, depth: int, depth_single: int) -> DitBlocks:
     return parse_dit_blocks(spec, {"double": depth, "single": depth_single})
 
 
-def _item_error(spec: str, sizes: dict[str, int], item: str, problem: str, group: str | None) -> ValueError:
-    if problem == BAD_RANGE:
-        return ValueError(f"blocks={spec!r}: range {item!r} of {group} must look like 5-18 or 7")
-    example = ",".join(f"{g}:0-{max(0, n - 1)}" for g, n in sizes.items())
-    return ValueError(
-        f"blocks={spec!r}: item {item!r} is not 'auto', 'all' or group[:range] with group in "
-        f"{', '.join(sizes)} (example {example!r})"
-    )
-
-
 def _indices(span: Span, group: str, size: int, spec: str) -> range:
     if span is None:
         return range(size)
     lo, hi = span
-    if lo > hi:
-        raise ValueError(f"blocks={spec!r}: {group} range {lo}-{hi} must run from low to high")
     if hi >= size:
         raise ValueError(f"blocks={spec!r}: {group} range {lo}-{hi} is outside {_model_range(group, size)}")
     return range(lo, hi + 1)

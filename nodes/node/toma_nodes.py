@@ -24,6 +24,7 @@ from ..settings import (
     TILE_SIZE_RANGE,
     ToMASettings,
 )
+from .input_checks import queued_input_errors
 from .patching import patch_model
 
 CATEGORY = "model_patches/ToMA"
@@ -190,6 +191,14 @@ class ToMAPatchAdvanced(io.ComfyNode):
         return node_schema(
             "ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input(), unmerge_input(), tile_frames_input()],
         )
+
+    @classmethod
+    def validate_inputs(cls, blocks=None, min_tokens=None) -> bool | str:
+        """ComfyUI's check of a queued prompt (comfy_api io.ComfyNode.validate_inputs; execution.validate_inputs):
+        a bad `blocks` or `min_tokens` refuses the prompt (HTTP 400 from /prompt) before any model loads,
+        with the message the node would raise when it runs (input_checks.py). Only the inputs named here
+        skip ComfyUI's own checks, and text inputs have none."""
+        return "; ".join(queued_input_errors(blocks, min_tokens)) or True
 
     @classmethod
     def execute(

@@ -126,6 +126,8 @@ def test_blocks_auto_all_and_list(wan: Any, toma: Any, t2v: Any) -> None:
     assert list(dit) == [("double_block", 3)]
     with pytest.raises(ValueError, match="0-39"):
         patch(toma, deep, blocks="blocks:40")
+    with pytest.raises(ValueError, match=r"item 'double:5' is not 'auto', 'all' or group\[:range\]; this model's only group is 'blocks' \(e\.g\. 'blocks:0-39'\)$"):
+        patch(toma, deep, blocks="double:5")
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 1, 12, 16), (1, 16, 3, 7, 9), (1, 16, 4, 10, 6), (2, 16, 6, 5, 11)])
