@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from workflow_check import check_workflow, unconnected_required_inputs
+from workflow_check import EXAMPLES, FLUX_TEMPLATE, check_workflow, unconnected_required_inputs
 
 from harness.pack import pack_module
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "example_workflows"
+FLUX = EXAMPLES / f"{FLUX_TEMPLATE}.json"
 
 
 def test_flux_workflow_is_well_formed():
-    workflow = check_workflow(EXAMPLES / "flux_toma.json")
+    workflow = check_workflow(FLUX)
     types = {node["type"] for node in workflow["nodes"]}
     assert {"UNETLoader", "DualCLIPLoader", "VAELoader", "ToMAPatch", "KSampler", "VAEDecode", "SaveImage", "Note"} <= types
     assert not unconnected_required_inputs(workflow)
@@ -28,13 +26,13 @@ def test_flux_workflow_is_well_formed():
 def test_checker_catches_broken_links(tmp_path):
     import json
 
-    workflow = json.loads((EXAMPLES / "flux_toma.json").read_text())
+    workflow = json.loads(FLUX.read_text())
     workflow["links"][0][3] = 999
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(workflow))
     with pytest.raises(AssertionError, match="missing nodes"):
         check_workflow(bad)
-    workflow = json.loads((EXAMPLES / "flux_toma.json").read_text())
+    workflow = json.loads(FLUX.read_text())
     workflow["nodes"][0]["type"] = "SomeOtherPackNode"
     bad.write_text(json.dumps(workflow))
     with pytest.raises(AssertionError, match="neither core"):

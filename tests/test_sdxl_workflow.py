@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from workflow_check import check_workflow, unconnected_required_inputs
+from workflow_check import EXAMPLES, SDXL_TEMPLATE, check_workflow, unconnected_required_inputs
 
 from harness.pack import pack_module
 
-WORKFLOW = Path(__file__).resolve().parents[1] / "example_workflows" / "sdxl_toma.json"
+WORKFLOW = EXAMPLES / f"{SDXL_TEMPLATE}.json"
 
 
 def test_sdxl_workflow_is_well_formed_and_wired_through_toma():

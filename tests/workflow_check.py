@@ -1,5 +1,6 @@
 """Checks that an example workflow is a well-formed UI-format ComfyUI graph (as the frontend saves
-it) that uses only core node types and this pack's nodes, with consistent links.
+it) that uses only core node types and this pack's nodes, with consistent links, and whose loaders
+carry their files' download links as ComfyUI's own templates do (`model_link_problems`).
 
 Pure Python: used by the CI tests (static list of core types) and by the integration tests, which
 also compare against ComfyUI's own NODE_CLASS_MAPPINGS.
@@ -10,6 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "example_workflows"
+FLUX_TEMPLATE = "Flux.1 Dev - text to image with ToMA"
+SDXL_TEMPLATE = "SDXL - text to image with ToMA"
+WAN_TEMPLATE = "Wan 2.2 14B - text to video with ToMA"
+"""Templates the tests name, by file stem: ComfyUI's template browser shows the stem as the title
+(app/custom_node_manager.py lists file names only)."""
 
 PACK_NODES = frozenset({"ToMAPatch", "ToMAPatchAdvanced"})
 
@@ -29,6 +38,14 @@ CORE_NODES = frozenset({
     "EmptyFlux2LatentImage", "Flux2Scheduler",
 })
 """Core node types (ComfyUI's nodes.py and its built-in comfy_extras) an example workflow may use."""
+
+MODEL_FILE_WIDGETS = {
+    "CheckpointLoaderSimple": ("checkpoints", (0,)), "UNETLoader": ("diffusion_models", (0,)),
+    "CLIPLoader": ("text_encoders", (0,)), "DualCLIPLoader": ("text_encoders", (0, 1)), "VAELoader": ("vae", (0,)),
+    "LoraLoader": ("loras", (0,)), "LoraLoaderModelOnly": ("loras", (0,)),
+}
+"""Core loaders -> (the models/ folder their files come from, as ComfyUI's own templates name it in
+`properties.models[].directory`; indices of the file names in `widgets_values`)."""
 
 
 def load_workflow(path: Path) -> dict[str, Any]:
@@ -91,3 +108,37 @@ def unconnected_required_inputs(workflow: dict[str, Any]) -> list[str]:
             if slot.get("link") is None and "widget" not in slot:
                 missing.append(f"{node['type']}#{node['id']}.{slot['name']}")
     return missing
+
+
+MODEL_HOST = "https://huggingface.co/"
+"""Where every model link of ComfyUI's own templates points, and a prefix ComfyUI's frontend offers
+as a download (`isModelDownloadable` in comfyui_frontend_package's missingModelMetadata chunk)."""
+
+
+def model_link_problems(workflow: dict[str, Any]) -> list[str]:
+    """What is wrong with the loaders' download links, as ComfyUI's own templates give them: each file a
+    loader selects has one `properties.models` entry with its name, an https URL on MODEL_HOST ending
+    in that name, and the models/ folder of the loader's type; no entry names a file it does not select
+    (the frontend reads only the entries whose name is a widget value: `getSelectedModelsMetadata`)."""
+    problems = []
+    for node in workflow["nodes"]:
+        if node["type"] in MODEL_FILE_WIDGETS:
+            directory, indices = MODEL_FILE_WIDGETS[node["type"]]
+            files = [node["widgets_values"][i] for i in indices]
+            links = node.get("properties", {}).get("models", [])
+            where = f"{node['type']} #{node['id']}"
+            problems += [f"{where} links {entry.get('name')!r}, which it does not load" for entry in links if entry.get("name") not in files]
+            problems += [f"{where}: {problem}" for name in files if (problem := _link_problem(name, directory, links))]
+    return problems
+
+
+def _link_problem(name: str, directory: str, links: list[dict[str, str]]) -> str | None:
+    found = [entry for entry in links if entry.get("name") == name]
+    if len(found) != 1:
+        return f"{name} has {len(found)} entries in properties.models, not 1"
+    url, folder = found[0].get("url", ""), found[0].get("directory")
+    if not url.startswith(MODEL_HOST) or unquote(urlsplit(url).path).rsplit("/", 1)[-1] != name:
+        return f"{name}: url {url!r} is not a {MODEL_HOST} link to that file"
+    if folder != directory:
+        return f"{name}: directory {folder!r}, the loader reads models/{directory}"
+    return None

@@ -3,10 +3,13 @@
     python -m bench.publish.make_thumbnails            # every example_workflows/<name>.json -> <name>.jpg, assets/icon.png
     python -m bench.publish.make_thumbnails --check    # exit 1 if a workflow has no thumbnail (writes nothing)
 
-ComfyUI's template browser shows `example_workflows/<name>.jpg` next to `<name>.json`. Each picture is a
-scikit-image sample photograph cut into tokens, with the ToMA tile grid and the destination tokens that
-`toma_core.make_plan` picks at the ratio and tile size set in that workflow's ToMA node. The plan comes
-from bench/publish/demo.py (`reconstruct`), so the thumbnail shows exactly what the demo computes.
+ComfyUI's template browser shows `example_workflows/<name>.jpg` next to `<name>.json`, and the file name
+as the template's title. Each picture is a scikit-image sample photograph cut into tokens, with the ToMA
+tile grid and the destination tokens that `toma_core.make_plan` picks at the ratio and tile size set in
+that workflow's (first) ToMA node. The plan comes from bench/publish/demo.py (`reconstruct`), so the
+thumbnail shows exactly what the demo computes. The caption under it (the template's name, its ToMA
+node's ratio, tile_size and start_percent, the token counts) is also stored as the JPEG's comment, where
+tests/test_workflow_templates.py checks it against the template.
 
 Needs pillow and scikit-image (`pip install -e ".[demo]"`). Deterministic: same inputs, same files.
 """
@@ -25,10 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_workflows"
 ASSETS = REPO / "assets"
 PACK_NODE_TYPES = ("ToMAPatch", "ToMAPatchAdvanced")
-SAMPLE_IMAGES = {"flux": "astronaut", "sdxl": "chelsea", "sd15": "coffee", "wan": "rocket"}
-"""Workflow name prefix -> scikit-image sample picture (any other name gets the astronaut)."""
-MODEL_TITLES = {"flux": "Flux", "flux2": "Flux.2", "sdxl": "SDXL", "wan": "Wan", "z_image": "Z-Image"}
-"""Workflow name without "_toma" -> the model name in its thumbnail's title."""
+SAMPLE_IMAGES = {"sdxl": "chelsea", "wan": "rocket"}
+"""Workflow name prefix (lower case) -> scikit-image sample picture (any other name gets the astronaut)."""
 
 THUMB_GRID, THUMB_PATCH = 32, 16  # 32 x 32 tokens of 16 px: a 512 px picture
 ICON_GRID, ICON_PATCH, ICON_TILE = 16, 16, 4  # 256 px icon
@@ -36,17 +37,18 @@ ICON_GRID, ICON_PATCH, ICON_TILE = 16, 16, 4  # 256 px icon
 log = logging.getLogger("make_thumbnails")
 
 
-def toma_settings(workflow: dict) -> tuple[float, int]:
-    """(ratio, tile_size) of the first ToMA node in a UI-format workflow (widgets in schema order)."""
+def toma_settings(workflow: dict) -> tuple[float, int, float]:
+    """(ratio, tile_size, start_percent) of the first ToMA node in a UI-format workflow (both nodes'
+    widgets start with ratio, tile_size, start_percent: nodes/node/toma_nodes.py)."""
     for node in workflow.get("nodes", []):
         if node.get("type") in PACK_NODE_TYPES:
-            ratio, tile_size = node["widgets_values"][:2]
-            return float(ratio), int(tile_size)
+            ratio, tile_size, start_percent = node["widgets_values"][:3]
+            return float(ratio), int(tile_size), float(start_percent)
     raise ValueError("the workflow has no ToMA node")
 
 
 def sample_image_for(name: str) -> str:
-    return next((image for prefix, image in SAMPLE_IMAGES.items() if name.startswith(prefix)), "astronaut")
+    return next((image for prefix, image in SAMPLE_IMAGES.items() if name.lower().startswith(prefix)), "astronaut")
 
 
 def plan_picture(image_name: str, ratio: float, tile_size: int, grid: int, patch: int):
@@ -88,29 +90,42 @@ def overlay(rec, tile_size: int, line_width: int = 2):
     return picture
 
 
-def thumbnail(rec, tile_size: int, title: str, subtitle: str):
-    """Overlay with a two-line caption band underneath."""
+def fitted_font(pen, text: str, size: int, width: int):
+    """The largest default font of at most `size` px (down to 12) in which `text` fits `width` px."""
+    while size > 12 and pen.textlength(text, font=font(size)) > width:
+        size -= 1
+    return font(size)
+
+
+def thumbnail(rec, tile_size: int, caption: list[str]):
+    """Overlay with the caption underneath: a title line, then smaller lines."""
     from PIL import Image, ImageDraw
 
     picture = overlay(rec, tile_size)
-    band = 64
-    canvas = Image.new("RGB", (picture.width, picture.height + band), "white")
+    title, *lines = caption
+    canvas = Image.new("RGB", (picture.width, picture.height + 38 + 26 * len(lines)), "white")
     canvas.paste(picture, (0, 0))
     pen = ImageDraw.Draw(canvas)
-    pen.text((12, picture.height + 6), title, fill="black", font=font(24))
-    pen.text((12, picture.height + 36), subtitle, fill=(70, 70, 70), font=font(18))
+    pen.text((12, picture.height + 6), title, fill="black", font=fitted_font(pen, title, 24, picture.width - 24))
+    for row, line in enumerate(lines):
+        pen.text((12, picture.height + 38 + 26 * row), line, fill=(70, 70, 70), font=fitted_font(pen, line, 18, picture.width - 24))
     return canvas
 
 
+def caption(name: str, workflow: dict, rec) -> list[str]:
+    """The template's name, its ToMA node's settings (as the node's widgets name them) and the tokens kept."""
+    ratio, tile_size, start_percent = toma_settings(workflow)
+    return [name, f"ToMA: ratio {ratio:g}, tile_size {tile_size}, start_percent {start_percent:g}",
+            f"{rec.h} x {rec.w} tokens: {rec.h * rec.w} -> {rec.plan.num_kept} in {tile_size} x {tile_size} tiles (red = kept)"]
+
+
 def workflow_thumbnail(path: Path):
-    """The thumbnail image for one example workflow."""
+    """The thumbnail image for one example workflow and its caption's lines."""
     workflow = json.loads(path.read_text(encoding="utf-8"))
-    ratio, tile_size = toma_settings(workflow)
+    ratio, tile_size, _ = toma_settings(workflow)
     rec = plan_picture(sample_image_for(path.stem), ratio, tile_size, THUMB_GRID, THUMB_PATCH)
-    n, d = rec.h * rec.w, rec.plan.num_kept
-    model = MODEL_TITLES[path.stem.removesuffix("_toma")]
-    subtitle = f"ratio {ratio:g}, tile {tile_size}x{tile_size}: {n} -> {d} tokens (red = kept)"
-    return thumbnail(rec, tile_size, f"ToMA token merging - {model}", subtitle)
+    lines = caption(path.stem, workflow, rec)
+    return thumbnail(rec, tile_size, lines), lines
 
 
 def icon():
@@ -127,7 +142,8 @@ def write_all() -> list[Path]:
     written = []
     for path in workflows():
         target = path.with_suffix(".jpg")
-        workflow_thumbnail(path).save(target, quality=80, optimize=True)
+        picture, lines = workflow_thumbnail(path)
+        picture.save(target, quality=80, optimize=True, comment="\n".join(lines))
         written.append(target)
     ASSETS.mkdir(exist_ok=True)
     icon().quantize(colors=64).save(ASSETS / "icon.png", optimize=True)  # palette PNG: small

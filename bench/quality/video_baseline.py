@@ -5,7 +5,8 @@
 For each of SEEDS, samples the unpatched Wan fixture (``harness/trained_video.py``, its
 20-step sampler) and the fixture under two ToMA settings: the ToMA Patch (Advanced) node's schema
 defaults (tile_frames and the ``auto`` block list included) and the ToMA node of
-``example_workflows/wan_toma.json`` (both experts carry the same settings), each with min_tokens 0
+the Wan template ``example_workflows/Wan 2.2 14B - text to video with ToMA.json`` (both experts
+carry the same settings; recorded as "Wan template"), each with min_tokens 0
 (``trained.patch_at_node_defaults`` says why). Per setting: the mean per-frame PSNR (dB) and the
 flicker (``harness.metrics.clip_metrics``) against the unpatched clip. ``--write`` stores them with
 the settings in fixtures/video_baseline.json; tests/integration/test_video_fixture.py recomputes
@@ -27,7 +28,7 @@ from harness.metrics import clip_metrics
 from .. import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKFLOW = ROOT / "example_workflows" / "wan_toma.json"
+WORKFLOW = ROOT / "example_workflows" / "Wan 2.2 14B - text to video with ToMA.json"
 SEEDS = (0, 1)
 """Two clips of 9 frames: about a minute on one CPU thread."""
 
@@ -59,7 +60,7 @@ def settings() -> dict[str, tuple[str, dict[str, Any]]]:
     name, inputs = next(iter(found.values()))
     if "min_tokens" in inputs:
         inputs["min_tokens"] = 0
-    return {"node defaults": ("ToMAPatchAdvanced", advanced), "wan_toma.json": (name, inputs)}
+    return {"node defaults": ("ToMAPatchAdvanced", advanced), "Wan template": (name, inputs)}
 
 
 def _patched(base: Any, node_name: str, inputs: dict[str, Any]) -> Any:

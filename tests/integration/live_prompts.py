@@ -18,8 +18,9 @@ CPU test must:
   KSamplerAdvanced, Flux2Scheduler), and ``start_percent`` 0 on the ToMA node, because with 2 steps
   the shipped window holds no step.
 
-Templates of models a ComfyUI tree lacks (Flux.2 and Z-Image on 0.3.64: ``NEEDS_CLASS``) are left
-out there, and the tests skip them by name with ``missing_model_reason``.
+Templates of models a ComfyUI tree lacks (Flux.2 and Z-Image on 0.3.64: ``NEEDS_CLASS`` of the files
+their loaders are swapped for) are left out there, and the tests skip them by name with
+``missing_model_reason``.
 """
 
 from __future__ import annotations
@@ -91,23 +92,31 @@ def run_records(log: str) -> list[Any]:
 FAMILIES = {"flux": "flux", "wan_high": "wan", "wan_low": "wan", "sd15": "unet", "flux2": "flux", "zimage": "lumina2"}
 """Model file key -> the family name ToMA's run line gives ("ToMA [flux]: ...")."""
 
-NEEDS_CLASS = {
-    "flux2_toma": "Flux2", "z_image_toma": "ZImage", "flux2": "Flux2", "taef2": "Flux2", "taef2_encoder": "Flux2", "zimage": "ZImage",
-}
-"""Templates (by file stem) and FILES keys of models a ComfyUI tree may lack -> the
-``comfy.supported_models`` class they need (0.33 has them; 0.3.64 has neither these classes nor
-Flux.2's EmptyFlux2LatentImage / Flux2Scheduler nodes)."""
+NEEDS_CLASS = {"flux2": "Flux2", "taef2": "Flux2", "taef2_encoder": "Flux2", "zimage": "ZImage"}
+"""FILES keys of models a ComfyUI tree may lack -> the ``comfy.supported_models`` class they need
+(0.33 has them; 0.3.64 has neither these classes nor Flux.2's EmptyFlux2LatentImage /
+Flux2Scheduler nodes). A template needs the classes of the files its loaders are swapped for."""
+
+
+def template_files(name: str) -> list[str]:
+    """The FILES keys of template ``name``'s (file stem) loaders, by SWAPS; [] for a name that is no template."""
+    path = PACK_ROOT / "example_workflows" / f"{name}.json"
+    if not path.is_file():
+        return []
+    nodes = json.loads(path.read_text(encoding="utf-8"))["nodes"]
+    return [SWAPS[node["widgets_values"][0]] for node in nodes if node["type"] in LOADERS]
 
 
 def missing_model_reason(name: str) -> str | None:
-    """Why this ComfyUI cannot run template or file ``name`` (the model class it needs is absent),
-    or None. Import only once ComfyUI is importable (the ``comfy`` fixture)."""
+    """Why this ComfyUI cannot run template (file stem) or FILES key ``name`` (a model class it needs
+    is absent), or None. Import only once ComfyUI is importable (the ``comfy`` fixture)."""
     import comfy.supported_models
 
-    needed = NEEDS_CLASS.get(name)
-    if needed is None or hasattr(comfy.supported_models, needed):
+    needed = sorted({NEEDS_CLASS[key] for key in template_files(name) or [name] if key in NEEDS_CLASS})
+    absent = [kind for kind in needed if not hasattr(comfy.supported_models, kind)]
+    if not absent:
         return None
-    return f"{name}: this ComfyUI has no comfy.supported_models.{needed} (its model, nodes and template need ComfyUI 0.33)"
+    return f"{name}: this ComfyUI has no comfy.supported_models.{absent[0]} (its model, nodes and template need ComfyUI 0.33)"
 
 
 def make_model_files(models: Path) -> list[Path]:
@@ -160,7 +169,7 @@ def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str
 
 
 def shipped_prompts(object_info: dict[str, Any], files: dict[str, str]) -> dict[str, wa.Prompt]:
-    """Every example workflow this ComfyUI can run as its CPU prompt, by file stem ("flux_toma", ...)."""
+    """Every example workflow this ComfyUI can run as its CPU prompt, by file stem (workflow_check.FLUX_TEMPLATE, ...)."""
     return {
         path.stem: for_cpu(wa.ui_to_api(json.loads(path.read_text(encoding="utf-8")), object_info), object_info, files, path.stem)
         for path in EXAMPLES if missing_model_reason(path.stem) is None

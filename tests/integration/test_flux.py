@@ -504,13 +504,11 @@ def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
 
 def test_example_workflow_matches_comfy_and_schema(comfy: Any, toma: Any) -> None:
     """Core node types exist in ComfyUI's nodes.py; our node's widget values fit its schema."""
-    from pathlib import Path
-
-    from workflow_check import FRONTEND_ONLY, PACK_NODES, check_workflow
+    from workflow_check import EXAMPLES, FLUX_TEMPLATE, FRONTEND_ONLY, PACK_NODES, check_workflow
 
     import nodes as comfy_nodes
 
-    path = Path(__file__).resolve().parents[2] / "example_workflows" / "flux_toma.json"
+    path = EXAMPLES / f"{FLUX_TEMPLATE}.json"
     workflow = check_workflow(path)
     for node in workflow["nodes"]:
         if node["type"] not in PACK_NODES | FRONTEND_ONLY:

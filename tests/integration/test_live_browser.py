@@ -4,16 +4,18 @@ Headless Debian ``chromium`` + ``chromium-driver`` driven by ``selenium`` open t
 live server (``live_server`` in conftest.py), open "Browse Templates", pick the pack's category
 "ComfyUI-ToMA" and click each template's card. Checked: the template dialog closes, no
 missing-node report appears (a copy with an unknown node type must raise one: the check can
-fail), the graph holds the template's nodes, and each ToMA node shows its registered widgets with
-the values the template file holds (a template may set other values than the node defaults, as
-wan_toma.json does). A screenshot per workflow goes to ``TOMA_SCREENSHOT_DIR`` (default: a
-pytest temporary folder; the path is logged).
+fail), the frontend's missing-model report names every model file the template links (the server
+has none of them), the graph holds the template's nodes, and each ToMA node shows its registered
+widgets with the values the template file holds (a template may set other values than the node
+defaults, as the Wan template does). A screenshot per workflow goes to ``TOMA_SCREENSHOT_DIR``
+(default: a pytest temporary folder; the path is logged).
 
 Two frontends, the same clicks: ``comfyui-frontend-package`` 1.27 (ComfyUI 0.3.64) lists the
 template categories as ``aside [role=option]`` entries and reports missing nodes in a PrimeVue
-dialog; 1.49 (ComfyUI 0.33) lists them as ``nav [role=button]`` entries of a reka-ui dialog and
-reports a load's errors in an overlay whose "View details" opens the errors panel, where missing
-nodes form the ``error-group-missing-node`` group. The helpers below accept both.
+dialog (missing models in another); 1.49 (ComfyUI 0.33) lists them as ``nav [role=button]``
+entries of a reka-ui dialog and reports a load's errors in an overlay whose "View details" opens the
+errors panel, where missing nodes form the ``error-group-missing-node`` group and missing models the
+``error-group-missing-model`` group, each with its Download button. The helpers below accept both.
 
 Templates of models the server's ComfyUI lacks (Flux.2 and Z-Image on 0.3.64, whose core nodes or
 model classes it does not have: ``live_prompts.NEEDS_CLASS``) skip by name with the reason.
@@ -39,6 +41,7 @@ import pytest
 import workflow_api as wa
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json
 from live_prompts import missing_model_reason
+from workflow_check import FLUX_TEMPLATE
 
 from harness.comfy_env import skip_or_fail
 
@@ -221,6 +224,15 @@ def graph_nodes(driver: Any) -> list[dict[str, Any]]:
     )
 
 
+def missing_model_reports(driver: Any) -> str:
+    """What the frontend reports about missing model files, read as a user reads it: the missing-models
+    dialog (1.27), or the errors panel's missing-model group (1.49; ``missing_node_reports`` opened it)."""
+    dialogs = [text for text in open_dialogs(driver) if "model" in text.lower()]
+    groups = driver.execute_script(
+        "return [...document.querySelectorAll('[data-testid=error-group-missing-model]')].map(g => g.innerText)")
+    return "\n".join(dialogs + groups)
+
+
 def registered_defaults(object_info: dict[str, Any], node_type: str) -> list[tuple[str, Any]]:
     node = wa.api_node(object_info, node_type)
     return [(name, node["inputs"][name]) for name in wa.widget_names(object_info[node_type])]
@@ -234,12 +246,15 @@ def test_template_loads_from_the_template_browser(live_server, browser, object_i
     open_frontend(browser, live_server)
     load_from_template_browser(browser, path.stem)
     reports = missing_node_reports(browser)
+    offered = missing_model_reports(browser)
     shot = screenshots / f"{path.stem}.png"
     browser.save_screenshot(str(shot))
     log.info("screenshot %s", shot)
 
     assert not reports, reports
     workflow = json.loads(path.read_text(encoding="utf-8"))
+    linked = sorted({entry["name"] for node in workflow["nodes"] for entry in node.get("properties", {}).get("models", [])})
+    assert linked and all(name in offered for name in linked), f"the frontend offers {offered!r}, the template links {linked}"
     nodes = graph_nodes(browser)
     assert sorted(n["type"] for n in nodes) == sorted(n["type"] for n in workflow["nodes"])
     toma = [n for n in nodes if n["type"] in TOMA_NODES]
@@ -256,7 +271,7 @@ def test_template_loads_from_the_template_browser(live_server, browser, object_i
 
 def test_unknown_node_type_raises_a_missing_node_report(live_server, browser, screenshots):
     """The check above can fail: the same template with an unregistered node type is flagged."""
-    workflow = json.loads((PACK_ROOT / "example_workflows" / "flux_toma.json").read_text(encoding="utf-8"))
+    workflow = json.loads((PACK_ROOT / "example_workflows" / f"{FLUX_TEMPLATE}.json").read_text(encoding="utf-8"))
     for node in workflow["nodes"]:
         if node["type"] in TOMA_NODES:
             node["type"] = "ToMANoSuchNode"

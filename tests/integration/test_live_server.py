@@ -7,9 +7,11 @@ waits (bounded) until ``/object_info`` answers, then checks:
 - both nodes are registered with their inputs in order, defaults, ranges, options and tooltips
   (expected values come from ``nodes/settings.py`` and ``toma_core``, so node and settings agree);
 - ``/workflow_templates`` lists exactly our example workflows, and the server hands out each
-  workflow and its thumbnail unchanged;
+  workflow and its thumbnail unchanged at the URL the frontend asks for (the file name
+  percent-encoded, as a browser sends its spaces);
 - every node type in our workflows is registered (templates of models this ComfyUI lacks skip by
-  name: ``live_prompts.NEEDS_CLASS``), and our nodes' widget values fit their inputs.
+  name: ``live_prompts.NEEDS_CLASS``), and our nodes' widget values fit their inputs;
+- the models/ folder each loader's download link names is one the server has (``/models``).
 
 The server (``live_comfy.py``, session fixture ``live_server`` in conftest.py) is stopped in the
 fixture's finaliser, also when a test or the start-up fails. Skipped (with the reason) without an
@@ -22,11 +24,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json, http_get
 from live_prompts import missing_model_reason
-from workflow_check import FRONTEND_ONLY
+from workflow_check import FRONTEND_ONLY, MODEL_FILE_WIDGETS
 
 from harness.pack import pack_module
 
@@ -158,13 +161,22 @@ def test_workflow_templates_lists_our_examples(live_server: LiveServer):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_server_hands_out_workflow_and_thumbnail_unchanged(live_server: LiveServer, path: Path):
-    base = f"{live_server.url}/api/workflow_templates/{PACK_DIR_NAME}"
-    body, _ = http_get(f"{base}/{path.name}")
+    base = f"{live_server.url}/api/workflow_templates/{quote(PACK_DIR_NAME)}"
+    body, _ = http_get(f"{base}/{quote(path.name)}")
     assert json.loads(body) == json.loads(path.read_text(encoding="utf-8"))
     thumbnail = path.with_suffix(".jpg")
-    body, content_type = http_get(f"{base}/{thumbnail.name}")
+    body, content_type = http_get(f"{base}/{quote(thumbnail.name)}")
     assert body == thumbnail.read_bytes()
     assert content_type.startswith("image/jpeg")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_model_links_name_folders_the_server_has(live_server: LiveServer, path: Path):
+    """ComfyUI's frontend looks a missing file up, and downloads it, in the link's ``directory``."""
+    folders = set(get_json(f"{live_server.url}/models"))
+    nodes = json.loads(path.read_text(encoding="utf-8"))["nodes"]
+    linked = {entry["directory"] for node in nodes if node["type"] in MODEL_FILE_WIDGETS for entry in node["properties"]["models"]}
+    assert linked and linked <= folders, f"{sorted(linked - folders)} not in /models: {sorted(folders)}"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -70,6 +70,7 @@ from live_prompts import (
     toma_ids,
     with_steps,
 )
+from workflow_check import FLUX_TEMPLATE, SDXL_TEMPLATE, WAN_TEMPLATE
 
 from harness.pack import pack_module
 
@@ -91,7 +92,7 @@ PROMPTS / (SWITCHES + 1) prompts (give or take 2), so that each family gets its 
 SIZE = 64
 """Images and video frames of 64x64 pixels: token grids of 4x4 (Flux, Wan) and 8x8 / 4x4 (UNet),
 most of them smaller than the drawn tile; a Flux step still costs ~4 CPU-seconds (its full width)."""
-WORKFLOWS = {"flux": "flux_toma", "unet": "sdxl_toma", "wan": "wan_toma"}
+WORKFLOWS = {"flux": FLUX_TEMPLATE, "unet": SDXL_TEMPLATE, "wan": WAN_TEMPLATE}
 SAMPLERS = ("KSampler", "KSamplerAdvanced")
 VALID_BLOCKS = {
     "flux": ("auto", "all", "double:0", "single:0", "double:0,single:0"),

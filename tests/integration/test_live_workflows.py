@@ -35,6 +35,7 @@ from live_prompts import (
     shipped_prompts,
     toma_ids,
 )
+from workflow_check import FLUX_TEMPLATE
 
 from harness.pack import pack_module
 
@@ -168,7 +169,7 @@ def node_error_details(answer: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("name, value", [("ratio", 1.5), ("tile_size", 0)])
 def test_out_of_range_widget_is_a_validation_error(live_server: LiveServer, prompts, name: str, value: Any):
-    prompt = wa.set_inputs(prompts["flux_toma"], "ToMAPatch", **{name: value})
+    prompt = wa.set_inputs(prompts[FLUX_TEMPLATE], "ToMAPatch", **{name: value})
     status, answer = queue(live_server, prompt)
     assert status == 400, answer
     details = node_error_details(answer)
@@ -178,7 +179,7 @@ def test_out_of_range_widget_is_a_validation_error(live_server: LiveServer, prom
 
 
 def test_bad_block_list_is_an_execution_error_and_the_server_keeps_serving(live_server: LiveServer, object_info, prompts, runs):
-    prompt = prompts["flux_toma"]
+    prompt = prompts[FLUX_TEMPLATE]
     toma_id = wa.only(prompt, "ToMAPatch")
     basic = prompt[toma_id]["inputs"]
     advanced = wa.api_node(object_info, "ToMAPatchAdvanced", **basic, blocks="double:99")
