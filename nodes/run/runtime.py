@@ -19,7 +19,7 @@ Lifetimes:
   (comfy/samplers.py `_calc_cond_batch_multigpu`) runs each device's calls in a
   comfy/multigpu.py `MultiGPUThreadPool` worker, all with this run's one RunState (the wrapper's
   transformer_options are merged into each call's by reference). So every read-modify-write of a
-  RunState (counters, plan cache, timer) holds `RunState.lock`, and a call judges what its own
+  RunState (counters, plan cache, the timer's reads) holds `RunState.lock`, and a call judges what its own
   blocks did by its CallContext's counts, never by the run's counters moving.
 
 Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
@@ -70,8 +70,8 @@ class RunState:
         self._sigma_list: list[float] = []
         self.timer = CallTimer()
         self.lock = threading.RLock()
-        """Held by every change of the counters, plan cache and timer: a call's decision (wrappers.py),
-        plans_for, keep_plans, record_block and a call's recount."""
+        """Held where calls change the run: a call's decision (wrappers.py build_call: counters, the
+        timer's finished calls), plans_for, keep_plans, record_block and a call's recount."""
 
     def __deepcopy__(self, memo: dict) -> RunState:
         return RunState(self.config)
@@ -123,22 +123,19 @@ class RunState:
         when a newer epoch brings its first plan."""
         epoch = ctx.epoch or 0
         with self.lock:
-            self._keep(ctx, epoch)
-
-    def _keep(self, ctx: CallContext, epoch: int) -> None:
-        built = [
-            ((slot, h, w, ctx.batch, ctx.composition, epoch), plan)
-            for (slot, h, w), plan in ctx.plans.items()
-            if (slot, h, w, ctx.batch, ctx.composition, epoch) not in self.plans
-        ]
-        if not built:
-            return
-        for stale in [k for k in self.plans if k[-1] < epoch]:
-            del self.plans[stale]
-        for key, plan in built:
-            self.plans[key] = plan
-            self.stats.plans_built += 1
-            self.stats.tokens[(key[1], key[2])] = (plan.num_tokens, plan.num_kept)
+            built = [
+                ((slot, h, w, ctx.batch, ctx.composition, epoch), plan)
+                for (slot, h, w), plan in ctx.plans.items()
+                if (slot, h, w, ctx.batch, ctx.composition, epoch) not in self.plans
+            ]
+            if not built:
+                return
+            for stale in [k for k in self.plans if k[-1] < epoch]:
+                del self.plans[stale]
+            for key, plan in built:
+                self.plans[key] = plan
+                self.stats.plans_built += 1
+                self.stats.tokens[(key[1], key[2])] = (plan.num_tokens, plan.num_kept)
 
 
 @dataclass
