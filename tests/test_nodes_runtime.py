@@ -43,8 +43,8 @@ def options(sigma: float, cond=(0, 1)):
             "cond_or_uncond": list(cond), "uuids": ["a", "b"][: len(cond)]}
 
 
-def call(state, sigma, batch=2, hw=(8, 8), cond=(0, 1)):
-    x = torch.zeros(batch, 4, *hw)
+def call(state, sigma, batch=2, hw=(8, 8), cond=(0, 1), device="cpu"):
+    x = torch.zeros(batch, 4, *hw, device=device)
     return wrappers.build_call(state, x, torch.tensor([sigma]), torch.zeros(batch, 5, 3), options(sigma, cond), {})
 
 
@@ -85,8 +85,9 @@ def test_plan_cache_keys_composition_and_epoch():
     assert plan_of(call(state, 10.0)) is a  # Heun / second eval of the step
     assert plan_of(call(state, 7.5)) is a  # recompute_every=2: same epoch
     assert plan_of(call(state, 10.0, batch=1, cond=(0,))) is not a
+    assert plan_of(call(state, 10.0, device="meta")) is not a  # MultiGPU CFG Split: each device its own
     assert plan_of(call(state, 5.0)) is not a  # new epoch
-    assert state.stats.plans_built == 3
+    assert state.stats.plans_built == 4
     assert all(key[-1] == 1 for key in state.plans)  # older epochs dropped
 
 

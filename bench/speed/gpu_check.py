@@ -19,6 +19,10 @@ Sections of the file, each written as soon as it is done (a run cut short keeps 
 3. Fixture quality: each trained fixture (fixtures/, harness/trained.py and trained_video.py)
    sampled in fp32 and in bf16, unpatched and at the ToMA Patch node's defaults (min_tokens 0, as
    trained.patch_at_node_defaults says why); PSNR against the fp32 unpatched result.
+4. MultiGPU CFG Split (bench/speed/multigpu_check.py), on a machine with two GPUs and a ComfyUI that
+   has it (0.33): Flux and SDXL sampled with ToMA on one GPU and split over two, each GPU's calls
+   counted, the run lines' counts and the latents compared; elsewhere the section says why it was
+   skipped.
 
 A family whose ComfyUI class this tree lacks (Flux.2 and Z-Image on ComfyUI 0.3.64) is skipped by
 name in every table. --tiny replaces the real widths by toy ones (TINY_OVERRIDES) and the sizes by
@@ -43,6 +47,7 @@ from harness import comfy_env
 from harness.metrics import psnr
 from harness.pack import pack_module
 
+from . import multigpu_check as multigpu
 from . import realsize_measure as measure
 from . import realsize_setup as rs
 
@@ -304,6 +309,30 @@ def fixtures() -> tuple[list[str], list[str]]:
     return present, missing
 
 
+# ------------------------------------------------------------------------------ 4. MultiGPU CFG Split
+
+
+def multigpu_section(args: argparse.Namespace, dtype: torch.dtype) -> str:
+    """Section 4 (multigpu_check.py), or the reason it was skipped; a family that fails is said and the check goes on."""
+    why = multigpu.skip_reason(args.device, comfy_version())
+    if why:
+        log.info(why)
+        return multigpu.table([], [why])
+    rows, failed = [], []
+    for name in (n for n in multigpu.FAMILIES if n in args.families):
+        size = sizes(name, tiny=True)[0] if args.tiny else real_size(name, multigpu.RESOLUTION)
+        steps = multigpu.TINY_STEPS if args.tiny else multigpu.STEPS
+        try:
+            rows.append(multigpu.family_row(name, size.grid, size.label, steps, args.device, dtype,
+                                            TINY_OVERRIDES[name] if args.tiny else None))
+        except RuntimeError as error:
+            failed.append(f"{name}: failed on two GPUs: {str(error).splitlines()[0]}")
+            log.error("MultiGPU CFG Split, %s: %s", name, error)
+            continue
+        log.info("MultiGPU CFG Split, %s: %s", name, rows[-1])
+    return multigpu.table(rows, failed)
+
+
 # ------------------------------------------------------------------------------ run
 
 
@@ -383,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log.info("fixture %s: %s", fixture, rows[-1])
     report.add(fixture_table(rows, missing + failed, args.dtype))
+    report.add(multigpu_section(args, dtype))
     report.add(f"Total {time.perf_counter() - start:.0f} s.\n")
     log.info("wrote %s", args.out)
     return 0

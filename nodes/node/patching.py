@@ -5,14 +5,15 @@ adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`
 model's view of it (the family's CostModel, run/gain.py), says once what it changes in the settings, and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
-on it; the input model is never modified.
+on it; the input model is never modified. Under ComfyUI's MultiGPU CFG Split each device's model
+copy gets the family's hooks bound to its own blocks (`install_device_clones`).
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..families.registry import apply_family, detect_family
+from ..families.registry import Family, apply_family, detect_family
 from ..run.config import ToMAConfig
 from ..run.runtime import RunState
 from ..run.wrappers import apply_model_wrapper, outer_sample_wrapper
@@ -31,6 +32,7 @@ def patch_model(model, settings: ToMASettings):
     adapter = apply_family(family, patched, settings)
     cost = family.cost.profile(patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
     install_runtime(patched, ToMAConfig(settings, adapter, cost))
+    install_device_clones(patched, family, settings)
     for note in settings.notes():
         log.warning("ToMA: %s", note)
     log.debug("ToMA patch installed: %s, %s", family.name, settings.describe())
@@ -50,3 +52,29 @@ def install_runtime(model, config: ToMAConfig) -> None:
     model.model_options.setdefault("transformer_options", {})[TOMA_KEY] = RunState(config)
     model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, TOMA_KEY, outer_sample_wrapper)
     model.add_wrapper_with_key(wrappers.APPLY_MODEL, TOMA_KEY, apply_model_wrapper)
+
+
+def install_device_clones(model, family: Family, settings: ToMASettings) -> None:
+    """Re-apply the family's hooks to each device's model copy of ComfyUI's MultiGPU CFG Split.
+
+    comfy/model_patcher.py `ModelPatcher.match_multigpu_clones` (run by the MultiGPU node and again by
+    every sampling run, comfy/sampler_helpers.py `_prepare_sampling`) makes each device's patcher a
+    clone of this one around that device's own model: it copies this patcher's object patches, which
+    families with forward patches (the UNet, Lumina2, HiDream, Kandinsky 5, Qwen-Image, Flux.2) bind to this
+    model's block modules: every device would run this model's blocks (on two GPUs, weights on
+    another device than the call's tokens). The ON_MATCH_MULTIGPU_CLONES callbacks receive each new
+    device patcher before it loads; re-applying the family there (idempotent: it replaces ToMA's own
+    patches) binds them to that copy's blocks.
+    ComfyUI without MultiGPU (0.3.64) has no such callback, and nothing to do.
+    """
+    import comfy.patcher_extension
+
+    kind = getattr(comfy.patcher_extension.CallbacksMP, "ON_MATCH_MULTIGPU_CLONES", None)
+    if kind is None:
+        return
+
+    def on_match(_main, device_clone) -> None:
+        apply_family(family, device_clone, settings)
+
+    model.remove_callbacks_with_key(kind, TOMA_KEY)
+    model.add_callback_with_key(kind, TOMA_KEY, on_match)

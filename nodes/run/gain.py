@@ -10,7 +10,7 @@ tile (tile_size^2 x tile_frames tokens). It is calibrated on a CPU only: the run
 
 Measured (`CallTimer`): the time of each model call, merged or not, and the sentence the run's log
 line ends with. On a GPU each call is bracketed by two CUDA events on the current stream, read only
-at the end of the run (one synchronisation, after sampling); on the CPU a monotonic clock
+at the end of the run (waiting for the end events, after sampling); on the CPU a monotonic clock
 (time.perf_counter, or the clock a test injects) brackets it.
 
 min_tokens "auto" also judges by measurement during the run (`CallTimer.auto_stop`, asked eagerly by
@@ -175,7 +175,7 @@ class CallTimer:
         """End the call begun at `start` (same kind of mark), merged or not."""
         if isinstance(start, torch.cuda.Event):
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(torch.cuda.current_stream(start.device))  # the call's GPU, whichever is current
         else:
             end = self.clock()
         self._marks.append((key, merged, start, end))
@@ -212,9 +212,10 @@ class CallTimer:
             self._read += 1
 
     def calls(self) -> list[TimedCall]:
-        """The run's timed calls; CUDA marks are read here (after one synchronisation)."""
-        if any(isinstance(end, torch.cuda.Event) for _, _, _, end in self._marks):
-            torch.cuda.synchronize()
+        """The run's timed calls; CUDA marks are read here (after waiting for each call's end event)."""
+        for _, _, _, end in self._marks:
+            if isinstance(end, torch.cuda.Event):
+                end.synchronize()  # torch.cuda.synchronize() waits for the current GPU only; MultiGPU CFG Split times several
         return [TimedCall(key, merged, _seconds(start, end)) for key, merged, start, end in self._marks]
 
 

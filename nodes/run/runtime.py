@@ -15,6 +15,12 @@ Lifetimes:
 - The call stack and the run's orphan counter are ContextVars set by the wrappers and reset
   in their `finally` (also on an interrupt or an error): nothing outlives a call or a run, and
   samplers in other threads never see them. `live_state` reports what is open now.
+- One run's calls may run in several threads at once: ComfyUI 0.33's MultiGPU CFG Split
+  (comfy/samplers.py `_calc_cond_batch_multigpu`) runs each device's calls in a
+  comfy/multigpu.py `MultiGPUThreadPool` worker, all with this run's one RunState (the wrapper's
+  transformer_options are merged into each call's by reference). So every read-modify-write of a
+  RunState (counters, plan cache, the timer's reads) holds `RunState.lock`, and a call judges what its own
+  blocks did by its CallContext's counts, never by the run's counters moving.
 
 Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
 grid (`ctx.plan(...)`, every family's one plan builder, built once per key and reused) and report what they did
@@ -63,6 +69,9 @@ class RunState:
         self._sigma_source: Any = None
         self._sigma_list: list[float] = []
         self.timer = CallTimer()
+        self.lock = threading.RLock()
+        """Held where calls change the run: a call's decision (wrappers.py build_call: counters, the
+        timer's finished calls), plans_for, keep_plans, record_block and a call's recount."""
 
     def __deepcopy__(self, memo: dict) -> RunState:
         return RunState(self.config)
@@ -105,26 +114,28 @@ class RunState:
     def plans_for(self, batch: int, composition: tuple, epoch: int) -> dict[tuple, MergePlan]:
         """The run's cached plans of one batch composition and selection epoch, by (slot, h, w)."""
         tail = (batch, composition, epoch)
-        return {key[:3]: plan for key, plan in self.plans.items() if key[3:] == tail}
+        with self.lock:
+            return {key[:3]: plan for key, plan in self.plans.items() if key[3:] == tail}
 
     def keep_plans(self, ctx: CallContext) -> None:
         """After a call (eagerly): move the plans its blocks built into the run's cache, keyed by
         (slot, h, w, B, composition, epoch), and count them. Entries of older epochs are dropped
         when a newer epoch brings its first plan."""
         epoch = ctx.epoch or 0
-        built = [
-            ((slot, h, w, ctx.batch, ctx.composition, epoch), plan)
-            for (slot, h, w), plan in ctx.plans.items()
-            if (slot, h, w, ctx.batch, ctx.composition, epoch) not in self.plans
-        ]
-        if not built:
-            return
-        for stale in [k for k in self.plans if k[-1] < epoch]:
-            del self.plans[stale]
-        for key, plan in built:
-            self.plans[key] = plan
-            self.stats.plans_built += 1
-            self.stats.tokens[(key[1], key[2])] = (plan.num_tokens, plan.num_kept)
+        with self.lock:
+            built = [
+                ((slot, h, w, ctx.batch, ctx.composition, epoch), plan)
+                for (slot, h, w), plan in ctx.plans.items()
+                if (slot, h, w, ctx.batch, ctx.composition, epoch) not in self.plans
+            ]
+            if not built:
+                return
+            for stale in [k for k in self.plans if k[-1] < epoch]:
+                del self.plans[stale]
+            for key, plan in built:
+                self.plans[key] = plan
+                self.stats.plans_built += 1
+                self.stats.tokens[(key[1], key[2])] = (plan.num_tokens, plan.num_kept)
 
 
 @dataclass
@@ -132,11 +143,12 @@ class CallContext:
     """Everything a block hook needs for one model call, decided eagerly before the call.
 
     merge: whether blocks of this call run on merged tokens. reason: why not, when not.
-    geometry: token layout. batch: B (model batch). composition: (cond_or_uncond, uuids).
+    geometry: token layout. batch: B (model batch). composition: (cond_or_uncond, uuids, device).
     plans: this call's plans by (slot, h, w), pre-filled with the run's plans when the call reuses
     them (same epoch and batch composition), else empty; blocks build missing ones into it.
     step, epoch and composition are for the wrapper and logs only: blocks never read them (under
     torch.compile every attribute a block reads is guarded; these change every step).
+    block_runs / merged_blocks: this call's block runs and the merged ones among them (record_block).
     """
 
     state: RunState
@@ -148,6 +160,8 @@ class CallContext:
     batch: int
     composition: tuple
     plans: dict[tuple, MergePlan] = field(default_factory=dict)
+    block_runs: int = 0
+    merged_blocks: int = 0
 
     @property
     def settings(self) -> ToMASettings:
@@ -183,10 +197,13 @@ class CallContext:
         """Count one block run (merged, or unmerged with a reason). No-op under torch.compile."""
         if compiling():
             return
-        if merged:
-            self.state.stats.block_runs_merged += 1
-        else:
-            self.state.stats.unmerged_blocks[reason or "unknown"] += 1
+        self.block_runs += 1
+        self.merged_blocks += merged
+        with self.state.lock:
+            if merged:
+                self.state.stats.block_runs_merged += 1
+            else:
+                self.state.stats.unmerged_blocks[reason or "unknown"] += 1
 
 
 _CALLS: ContextVar[tuple[CallContext, ...]] = ContextVar("comfyui_toma_calls", default=())

@@ -90,11 +90,12 @@ def apply_model_wrapper(executor, *args, **kwargs):
         return executor(*args, **kwargs)
     x, t = args[0], args[1]
     context = args[3] if len(args) > 3 else kwargs.get("c_crossattn")
-    ctx = build_call(state, x, t, context, options, kwargs)
+    with state.lock:  # other devices' calls of this run decide at the same time under MultiGPU CFG Split (runtime.py)
+        ctx = build_call(state, x, t, context, options, kwargs)
     options = dict(options)
     options[CALL_KEY] = ctx
     put_back(options)
-    hooked, merged_before = _hooked_blocks(state), state.stats.block_runs_merged
+    orphans = orphan_count()
     start = state.timer.start(x)
     call = enter_call(ctx)  # nothing may raise between here and `try`: leave_call must run
     try:
@@ -102,11 +103,12 @@ def apply_model_wrapper(executor, *args, **kwargs):
     finally:
         leave_call(call)
         state.keep_plans(ctx)
-    if ctx.merge and not state.stats.compiled and _hooked_blocks(state) == hooked:
+    # The call's own block counts, not the run's counters: other devices' calls move those meanwhile.
+    if ctx.merge and not state.stats.compiled and ctx.block_runs == 0 and orphan_count() == orphans:
         _count_unmerged_call(state, ctx, IDLE_CALL)  # a step cache's skip: its time is no model call's, so it is not timed
         return out
     merged = ctx.merge
-    if merged and not state.stats.compiled and state.stats.block_runs_merged == merged_before:
+    if merged and not state.stats.compiled and ctx.merged_blocks == 0:
         _count_unmerged_call(state, ctx, NO_BLOCK_MERGED)
         merged = False
     state.timer.stop(start, _call_key(ctx.batch, ctx.geometry), merged)
@@ -141,19 +143,15 @@ a step-cache pack called the blocks without transformer_options); timed as an un
 the run's gain is not claimed for it."""
 
 
-def _hooked_blocks(state: RunState) -> int:
-    stats = state.stats
-    return stats.block_runs_merged + sum(stats.unmerged_blocks.values()) + orphan_count()
-
-
 def _count_unmerged_call(state: RunState, ctx: CallContext, reason: str) -> None:
     """Move a merge-eligible call that merged nothing from "merged" to "unmerged" (`reason`)."""
     stats = state.stats
-    stats.merged_calls -= 1
-    stats.unmerged_calls[reason] += 1
-    stats.merged_per_step[ctx.step] -= 1
-    if stats.merged_per_step[ctx.step] <= 0:
-        stats.steps_merged.discard(ctx.step)
+    with state.lock:
+        stats.merged_calls -= 1
+        stats.unmerged_calls[reason] += 1
+        stats.merged_per_step[ctx.step] -= 1
+        if stats.merged_per_step[ctx.step] <= 0:
+            stats.steps_merged.discard(ctx.step)
 
 
 def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | None, options: dict, kwargs: dict) -> CallContext:
@@ -162,7 +160,8 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     geometry = state.config.adapter.call_geometry(x, context, kwargs)
     decision = state.decide(options, t)
     reason = call_veto(settings, decision, geometry, state.config.off_reason, lambda: _auto_veto(state, geometry, x))
-    composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()))
+    # The device too: a plan's tensors live on one device, and MultiGPU CFG Split runs a run's calls on several.
+    composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()), str(x.device))
     batch, epoch = int(x.shape[0]), decision.epoch if decision else None
     ctx = CallContext(
         state=state, merge=reason is None, reason=reason,

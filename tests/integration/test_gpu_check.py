@@ -1,10 +1,13 @@
 """The one-shot GPU check (bench/speed/gpu_check.py) runs end to end at toy sizes on the CPU, so its
 first run on a lent GPU cannot stop on a code error: every family this ComfyUI has gets its timing
 and `min_tokens auto` rows, a family whose class it lacks is skipped by name, and the fixtures
-sampled get their quality row."""
+sampled get their quality row. Its MultiGPU CFG Split section says why it skipped on a machine
+without two GPUs, and its row is made here on two CPU devices (ComfyUI's device list is replaced in
+this test only)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import subprocess
 import sys
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.speed import gpu_check
+from bench.speed import gpu_check, multigpu_check
 from bench.speed import realsize_setup as rs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +98,34 @@ def test_fixture_quality_rows(report: str) -> None:
         values = [float(c.removesuffix(" dB")) for c in found[0][2:]]
         assert all(math.isfinite(v) and v > 10 for v in values), found
     assert report.rstrip().endswith("s.") and "Total" in report
+
+
+def test_multigpu_section_says_why_it_skipped(report: str) -> None:
+    multigpu = section(report, "MultiGPU CFG Split")
+    if importlib.util.find_spec("comfy.multigpu") is None:
+        assert "MultiGPU CFG Split skipped: ComfyUI" in multigpu and "has no comfy/multigpu.py" in multigpu
+    else:
+        assert "MultiGPU CFG Split skipped: it needs two GPUs; this machine has 0 (device cpu)" in multigpu
+    assert not rows(multigpu, "flux") and not rows(multigpu, "sdxl")
+
+
+@pytest.mark.parametrize("name", multigpu_check.FAMILIES)
+def test_multigpu_row_on_two_cpu_devices(name: str, comfy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The section's row where ComfyUI lists two devices: each copy of the model ran one call per
+    step, the two-device run line counts both devices' block runs, the latent is the one-device one."""
+    if importlib.util.find_spec("comfy.multigpu") is None:
+        pytest.skip("this ComfyUI has no MultiGPU CFG Split (comfy/multigpu.py, ComfyUI 0.33 and later)")
+    import comfy.model_management as mm
+    import torch
+
+    devices = [mm.get_torch_device(), torch.device("cpu", 0)]
+    monkeypatch.setattr(mm, "get_all_torch_devices", lambda exclude_current=False: list(devices))
+    size = gpu_check.sizes(name, tiny=True)[0]
+    steps = multigpu_check.TINY_STEPS
+    row = multigpu_check.family_row(name, size.grid, size.label, steps, "cpu", torch.float32, gpu_check.TINY_OVERRIDES[name])
+    assert row["calls"] == {"cpu": steps, "cpu:0": steps}
+    one, two = row["blocks"]
+    assert one > 0 and two == 2 * one
+    assert row["drift"] <= 0.02, row
+    found = rows(multigpu_check.table([row], []), name)
+    assert len(found) == 1 and found[0][7] == f"cpu: {steps}, cpu:0: {steps}" and found[0][8] == f"{one} / {two}"
