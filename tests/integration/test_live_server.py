@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from live_comfy import PACK_DIR_NAME, PACK_ROOT, LiveServer, get_json, http_get
@@ -158,11 +159,11 @@ def test_workflow_templates_lists_our_examples(live_server: LiveServer):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_server_hands_out_workflow_and_thumbnail_unchanged(live_server: LiveServer, path: Path):
-    base = f"{live_server.url}/api/workflow_templates/{PACK_DIR_NAME}"
-    body, _ = http_get(f"{base}/{path.name}")
+    base = f"{live_server.url}/api/workflow_templates/{quote(PACK_DIR_NAME)}"
+    body, _ = http_get(f"{base}/{quote(path.name)}")
     assert json.loads(body) == json.loads(path.read_text(encoding="utf-8"))
     thumbnail = path.with_suffix(".jpg")
-    body, content_type = http_get(f"{base}/{thumbnail.name}")
+    body, content_type = http_get(f"{base}/{quote(thumbnail.name)}")
     assert body == thumbnail.read_bytes()
     assert content_type.startswith("image/jpeg")
 
