@@ -2,37 +2,39 @@
 
 Torch only (no ComfyUI, no new dependency). Images are ComfyUI's IMAGE layout (N, H, W, C) with
 values in [0, 1], N = batch items x video frames; both metrics pool every frame, so a video is
-judged as the mean over its frames. Computed on the CPU in float64: the pictures are small next to
-the sampling, and float64 keeps a near-identical pair's MSE (and so its PSNR) exact.
+judged as the mean over its frames. Computed on the CPU in float64, a frame at a time: the pictures are
+small next to the sampling, and float64 keeps a near-identical pair's MSE (and so its PSNR) exact.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
 SSIM_WINDOW = 7
-"""Side of the uniform SSIM window: scikit-image's `structural_similarity` default (Wang et al. 2004
-used an 11 x 11 Gaussian; the uniform 7 x 7 is what most comparisons quote)."""
+"""Side of the uniform SSIM window: scikit-image's `structural_similarity` default, which the project's
+fixture quality figures use (harness/metrics.py); Wang et al. 2004 used an 11 x 11 Gaussian."""
 SSIM_K1, SSIM_K2 = 0.01, 0.03
 """The stabilising constants of Wang et al. 2004, for a data range of 1."""
 
 
-def _pair(reference: torch.Tensor, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both images as float64 CPU tensors (N, H, W, C); ValueError unless the shapes match."""
+def _pairs(reference: torch.Tensor, image: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Both images, one (H, W, C) frame at a time as float64 CPU tensors (a long video in float64 at
+    once would take gigabytes); ValueError unless the shapes match."""
     if reference.shape != image.shape or reference.dim() != 4:
         raise ValueError(f"images of shape {tuple(image.shape)} and {tuple(reference.shape)}: both must be the same (N, H, W, C)")
-    return reference.detach().to("cpu", torch.float64), image.detach().to("cpu", torch.float64)
+    for ref, img in zip(reference, image):
+        yield ref.detach().to("cpu", torch.float64), img.detach().to("cpu", torch.float64)
 
 
 def psnr(reference: torch.Tensor, image: torch.Tensor) -> float:
     """PSNR in dB, 10 log10(1 / MSE), the MSE over every pixel of all N images (a video's frames
     pooled); inf when the images are identical."""
-    reference, image = _pair(reference, image)
-    mse = float(torch.mean((reference - image) ** 2))
+    mse = sum(float(torch.mean((ref - img) ** 2)) for ref, img in _pairs(reference, image)) / len(reference)
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
@@ -42,10 +44,14 @@ def ssim(reference: torch.Tensor, image: torch.Tensor) -> float:
     SSIM_WINDOW x SSIM_WINDOW window that lies inside the image; 1 when identical.
 
     ValueError for images smaller than the window."""
-    reference, image = _pair(reference, image)
     if min(reference.shape[1:3]) < SSIM_WINDOW:
         raise ValueError(f"images of {reference.shape[1]} x {reference.shape[2]} px: SSIM needs at least {SSIM_WINDOW} x {SSIM_WINDOW}")
-    x, y = (rearrange(t, "n h w c -> (n c) 1 h w") for t in (reference, image))
+    return sum(_frame_ssim(ref, img) for ref, img in _pairs(reference, image)) / len(reference)
+
+
+def _frame_ssim(reference: torch.Tensor, image: torch.Tensor) -> float:
+    """The mean SSIM of one (H, W, C) frame over its windows and channels."""
+    x, y = (rearrange(t, "h w c -> c 1 h w") for t in (reference, image))
     mean = _window_mean
     mu_x, mu_y = mean(x), mean(y)
     sample = SSIM_WINDOW**2 / (SSIM_WINDOW**2 - 1)  # unbiased (co)variances, as scikit-image
@@ -58,5 +64,5 @@ def ssim(reference: torch.Tensor, image: torch.Tensor) -> float:
 
 
 def _window_mean(t: torch.Tensor) -> torch.Tensor:
-    """Mean over each SSIM_WINDOW x SSIM_WINDOW window inside the image, (M, 1, H, W) -> (M, 1, H - 6, W - 6)."""
+    """Mean over each SSIM_WINDOW x SSIM_WINDOW window inside the image, (C, 1, H, W) -> (C, 1, H - 6, W - 6)."""
     return F.avg_pool2d(t, SSIM_WINDOW, stride=1)
