@@ -44,9 +44,9 @@ def _compare_section() -> list[str]:
     rows = [f"| `{name}`{kind} | {tooltip} |" for name, kind, tooltip in sockets if name in COMPARE_ROWS]
     shared = ", ".join(f"`{i.id}`" for i in schema.inputs if i.id not in COMPARE_ROWS)
     images = ", ".join(f"`{o.id}`" for o in schema.outputs if o.id not in COMPARE_ROWS)
-    return ["### ToMA Compare", "", *COMPARE_HEADER, *rows, "",
-            f"{schema.description} The other inputs ({shared}) are KSampler's, the same for every run; the outputs "
-            f"{images} are each run's decoded images (video frames). Template: *{COMPARE_TEMPLATE}*."]
+    others = (f"{schema.description} The other inputs ({shared}) are KSampler's, the same for every run; the outputs "
+              f"{images} are each run's decoded images (video frames). Template: *{COMPARE_TEMPLATE}*.")
+    return ["### ToMA Compare", "", *COMPARE_HEADER, *rows, "", others]
 
 
 def _row(widget) -> str:

@@ -21,7 +21,7 @@ from compat_support import patch
 from harness.pack import pack_module
 
 STEPS = 4
-ROW = re.compile(r"^(unpatched|ToMA|fewer steps|step cache): (\d+) steps, ([\d.]+) s, ([\d.]+)x, (.*)$", re.M)
+ROW = re.compile(r"^(unpatched|ToMA|fewer steps|step cache): (\d+) steps, ([\d.]+) s, ([\d.]+)x, (.*)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 import workflow_api as wa
 from live_comfy import LiveServer, get_json, media_frames, run_prompt
-from live_prompts import COMPARISONS, SIZE, missing_model_reason, run_records, shipped_prompts
+from live_prompts import (
+    COMPARISONS,
+    SIZE,
+    missing_model_reason,
+    run_records,
+    shipped_prompts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +37,7 @@ COMPARE_STEPS = 3
 run shorter than the full one; few enough for a shared CPU."""
 GAP = 8
 """White pixels between the pictures (nodes/node/compare_grid.py GAP)."""
-ROW = re.compile(r"^(unpatched|ToMA|fewer steps): (\d+) steps, ([\d.]+) s, ([\d.]+)x, (.*)$", re.M)
+ROW = re.compile(r"^(unpatched|ToMA|fewer steps): (\d+) steps, ([\d.]+) s, ([\d.]+)x, (.*)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
