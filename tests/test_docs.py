@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-README_MAX_LINES = 260
-"""The user's page: what it does, what you get, install, quick start, nodes, models, troubleshooting."""
+README_MAX_LINES = 275
+"""The user's page: what it does, what you get, install, quick start, nodes (ToMA Compare's table included), models, troubleshooting."""
 
 GENERATED = {"## Results": "benchmarks.md", "## Quality": "quality.md"}
 """Headings of the sections the publish script rewrites, and the document that holds each."""

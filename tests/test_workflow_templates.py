@@ -21,7 +21,7 @@ from workflow_check import (
     EXAMPLES,
     FLUX_TEMPLATE,
     MODEL_FILE_WIDGETS,
-    PACK_NODES,
+    PATCH_NODES,
     check_workflow,
     model_link_problems,
     unconnected_required_inputs,
@@ -60,7 +60,7 @@ def test_workflow_has_a_jpeg_thumbnail(path):
 def test_toma_nodes_have_one_value_per_widget(path):
     workflow = check_workflow(path)
     for node in workflow["nodes"]:
-        if node["type"] in PACK_NODES:
+        if node["type"] in PATCH_NODES:
             values = node["widgets_values"]
             assert len(values) == WIDGET_COUNTS[node["type"]], f"{path.name} node {node['id']}: {values}"
             ratio, tile_size = values[:2]
@@ -73,8 +73,8 @@ def test_no_orphan_thumbnails():
     assert not orphans, f"thumbnails without a workflow: {orphans}"
 
 
-SAMPLER_WIDGETS = {"KSampler": {"steps": 2, "cfg": 3}, "KSamplerAdvanced": {"steps": 3, "cfg": 4}}
-"""Index of steps and cfg in the core samplers' widgets_values."""
+SAMPLER_WIDGETS = {"KSampler": {"steps": 2, "cfg": 3}, "KSamplerAdvanced": {"steps": 3, "cfg": 4}, "ToMACompare": {"steps": 2, "cfg": 3}}
+"""Index of steps and cfg in the core samplers' (and ToMA Compare's) widgets_values."""
 TOMA_WIDGETS = {"ratio": 0, "tile_size": 1, "start_percent": 2}
 """Index of the settings a note quotes in the ToMA nodes' widgets_values (both nodes share the order)."""
 QUOTED = re.compile(r"--(cfg|steps|ratio|tile-size|start-percent) ([\d.]+)|\b(ratio|tile_size|start_percent) ([\d.]+)")
@@ -89,7 +89,7 @@ def _quoted_settings(note: str) -> list[tuple[str, float]]:
 def _widget_values(workflow: dict, setting: str) -> set[float]:
     """The values `setting` has on the workflow's samplers (cfg, steps) or ToMA nodes."""
     if setting in TOMA_WIDGETS:
-        return {float(n["widgets_values"][TOMA_WIDGETS[setting]]) for n in workflow["nodes"] if n["type"] in PACK_NODES}
+        return {float(n["widgets_values"][TOMA_WIDGETS[setting]]) for n in workflow["nodes"] if n["type"] in PATCH_NODES}
     return {float(n["widgets_values"][SAMPLER_WIDGETS[n["type"]][setting]]) for n in workflow["nodes"] if n["type"] in SAMPLER_WIDGETS}
 
 

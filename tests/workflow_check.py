@@ -20,7 +20,12 @@ WAN_TEMPLATE = "Wan 2.2 14B - text to video with ToMA"
 """Templates the tests name, by file stem: ComfyUI's template browser shows the stem as the title
 (app/custom_node_manager.py lists file names only)."""
 
-PACK_NODES = frozenset({"ToMAPatch", "ToMAPatchAdvanced"})
+PATCH_NODES = frozenset({"ToMAPatch", "ToMAPatchAdvanced"})
+"""This pack's patch nodes (their widgets start ratio, tile_size, start_percent)."""
+PACK_NODES = PATCH_NODES | {"ToMACompare"}
+
+ANY_TYPE = "*"
+"""The socket type of an input that takes anything (PreviewAny's ``source``): a link into it keeps its output's type."""
 
 FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
 """Node types the frontend draws itself; they never reach the server."""
@@ -36,6 +41,8 @@ CORE_NODES = frozenset({
     "ModelSamplingAuraFlow", "EmptySD3LatentImage",
     # ... and ComfyUI 0.33's Flux.2 nodes (comfy_extras/nodes_flux.py; absent from 0.3.64)
     "EmptyFlux2LatentImage", "Flux2Scheduler",
+    # ... "Preview as Text" (comfy_extras/nodes_preview_any.py), showing ToMA Compare's report
+    "PreviewAny",
 })
 """Core node types (ComfyUI's nodes.py and its built-in comfy_extras) an example workflow may use."""
 
@@ -86,7 +93,7 @@ def _check_links(path: Path, workflow: dict[str, Any], nodes: dict[int, dict[str
         target = nodes[dst]["inputs"][dst_slot]
         if link_id not in (output.get("links") or []) or target.get("link") != link_id:
             raise AssertionError(f"{path}: link {link_id} is not recorded on both ends")
-        if not (output["type"] == target["type"] == kind):
+        if not (output["type"] == kind and target["type"] in (kind, ANY_TYPE)):
             raise AssertionError(f"{path}: link {link_id} joins {output['type']} to {target['type']} as {kind}")
     if len(ids) != len(workflow["links"]) or max(ids, default=0) > workflow["last_link_id"]:
         raise AssertionError(f"{path}: link ids are duplicated or exceed last_link_id")

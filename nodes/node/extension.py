@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .compare import ToMACompare
 from .toma_nodes import NODES
 
 
 class ToMAExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return list(NODES)
+        return [*NODES, ToMACompare]
 
 
 async def comfy_entrypoint() -> ToMAExtension:

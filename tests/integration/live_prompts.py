@@ -1,7 +1,8 @@
 """The shipped example workflows as CPU-sized API prompts on test-made model files, shared by the
 live workflow test and the soak test (test_live_workflows.py, test_live_soak.py).
 
-Each ``example_workflows/*.json`` is converted from the frontend's format to an API prompt by
+Each ``example_workflows/*.json`` (``EXAMPLES``; the ToMA Compare templates are ``COMPARISONS``) is
+converted from the frontend's format to an API prompt by
 ``workflow_api.ui_to_api`` (driven by the server's ``/object_info``), then changed only where a
 CPU test must:
 
@@ -35,7 +36,18 @@ from live_comfy import PACK_ROOT
 
 from harness.pack import pack_module
 
-EXAMPLES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
+TEMPLATES = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
+COMPARE_NODE = "ToMACompare"
+
+
+def is_comparison(path: Path) -> bool:
+    """A template built around ToMA Compare (its own live test: test_live_compare.py)."""
+    return any(node["type"] == COMPARE_NODE for node in json.loads(path.read_text(encoding="utf-8"))["nodes"])
+
+
+EXAMPLES = [path for path in TEMPLATES if not is_comparison(path)]
+COMPARISONS = [path for path in TEMPLATES if is_comparison(path)]
+"""The templates that sample with KSampler (these tests and the soak), and the comparison templates."""
 SIZE = 256
 VIDEO_SIZE, VIDEO_FRAMES = 128, 5
 LATENT_FRAMES = 1 + (VIDEO_FRAMES - 1) // 4
@@ -168,11 +180,11 @@ def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str
     return wa.set_inputs(prompt, "SaveImage", filename_prefix=f"toma_test_{name}")
 
 
-def shipped_prompts(object_info: dict[str, Any], files: dict[str, str]) -> dict[str, wa.Prompt]:
-    """Every example workflow this ComfyUI can run as its CPU prompt, by file stem (workflow_check.FLUX_TEMPLATE, ...)."""
+def shipped_prompts(object_info: dict[str, Any], files: dict[str, str], templates: list[Path] = EXAMPLES) -> dict[str, wa.Prompt]:
+    """Every template of `templates` this ComfyUI can run, as its CPU prompt, by file stem (workflow_check.FLUX_TEMPLATE, ...)."""
     return {
         path.stem: for_cpu(wa.ui_to_api(json.loads(path.read_text(encoding="utf-8")), object_info), object_info, files, path.stem)
-        for path in EXAMPLES if missing_model_reason(path.stem) is None
+        for path in templates if missing_model_reason(path.stem) is None
     }
 
 

@@ -1,0 +1,89 @@
+"""The ToMA Compare node's picture: each run's image side by side (a video: a strip of its frames per
+run, one strip under the other), its caption underneath, the verdict and how it was timed at the
+bottom. Drawn with Pillow, which ComfyUI itself requires (its nodes.py saves images with it).
+
+Frames in and the picture out are ComfyUI's IMAGE layout, (F, H, W, C) and (1, H', W', C), values in
+[0, 1].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+STRIP_FRAMES = 4
+"""Frames a video's strip shows, evenly spaced from the first to the last."""
+GAP = 8
+"""White pixels between panels and around the text."""
+FONT_DIVISOR = 40
+"""Text height: the picture's width over this, within 12 - 28 px (a 3 x 1024 px row gets 28 px)."""
+BACKGROUND, INK = (255, 255, 255), (20, 20, 20)
+
+
+def comparison_picture(panels: list[tuple[torch.Tensor, str]], footer: list[str]) -> torch.Tensor:
+    """The picture of `panels` (each run's frames (F, H, W, C) and its caption), with the `footer`
+    lines under them; (1, H', W', 3)."""
+    strips = [(_strip(frames), caption) for frames, caption in panels]
+    video = panels[0][0].shape[0] > 1
+    width = strips[0][0].width if video else sum(strip.width + GAP for strip, _ in strips) - GAP
+    font = _font(max(12, min(28, width // FONT_DIVISOR)))
+    cells = [_captioned(strip, caption, font) for strip, caption in strips]
+    canvas = _captioned(_stack(cells, vertical=video), "\n".join(footer), font)
+    return torch.from_numpy(np.asarray(canvas, dtype=np.float32) / 255.0)[None]
+
+
+def _strip(frames: torch.Tensor) -> Image.Image:
+    """One image, or STRIP_FRAMES evenly spaced frames of a video side by side."""
+    picks = torch.linspace(0, frames.shape[0] - 1, min(STRIP_FRAMES, frames.shape[0])).round().long()
+    images = [_pil(frames[int(i)]) for i in picks]
+    return _stack(images, vertical=False) if len(images) > 1 else images[0]
+
+
+def _pil(frame: torch.Tensor) -> Image.Image:
+    pixels = (frame[..., :3].detach().float().cpu().clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+    return Image.fromarray(pixels, "RGB")
+
+
+def _stack(images: list[Image.Image], vertical: bool) -> Image.Image:
+    """Images one after the other with GAP between them, left to right or top to bottom."""
+    along = [image.height if vertical else image.width for image in images]
+    across = max(image.width if vertical else image.height for image in images)
+    length = sum(along) + GAP * (len(images) - 1)
+    canvas = Image.new("RGB", (across, length) if vertical else (length, across), BACKGROUND)
+    offset = 0
+    for image, size in zip(images, along):
+        canvas.paste(image, (0, offset) if vertical else (offset, 0))
+        offset += size + GAP
+    return canvas
+
+
+def _captioned(image: Image.Image, text: str, font) -> Image.Image:
+    """`image` with `text` wrapped to its width underneath."""
+    pen = ImageDraw.Draw(image)
+    lines = [wrapped for paragraph in text.split("\n") for wrapped in _wrap(pen, paragraph, font, image.width - 2 * GAP)]
+    height = pen.textbbox((0, 0), "Ag", font=font)[3] + GAP // 2
+    canvas = Image.new("RGB", (image.width, image.height + GAP + height * len(lines) + GAP), BACKGROUND)
+    canvas.paste(image, (0, 0))
+    pen = ImageDraw.Draw(canvas)
+    for row, line in enumerate(lines):
+        pen.text((GAP, image.height + GAP + row * height), line, fill=INK, font=font)
+    return canvas
+
+
+def _wrap(pen: ImageDraw.ImageDraw, text: str, font, width: int) -> list[str]:
+    """`text` broken at spaces into lines no wider than `width` (a longer word keeps its own line)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and pen.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def _font(size: int):
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
+        return ImageFont.load_default()
