@@ -191,8 +191,9 @@ def run_merged(
 ) -> R | Unmerged:
     """Run a block on merged image tokens (the `merged` of run_hook).
 
-    seq (B, L_seq, C) holds the image tokens where `span` says; args holds the per-token tables.
-    call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
+    seq (B, L_seq, C) holds the image tokens where `span` says; args holds the per-token tables and
+    the block's transformer_options (scope keys_values hands the block a copy of them, with every
+    patch and attention override they hold). call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
     output(out) picks the merged sequence from its result; rebuild(out, seq') puts the unmerged
     sequence back. Returns the rebuilt result, or an Unmerged when a table has another layout or
     the block's forward patch found spans it cannot move (spans.SpansCut; nothing ran: unless_cut).

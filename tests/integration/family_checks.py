@@ -1,7 +1,7 @@
 """Checks every DiT family beyond Flux, SDXL and Wan must pass on its tiny ComfyUI model (the family test files
 call them with their model, latent and conditioning):
 
-- ratio 0 (every block) is bit-identical to the unpatched model;
+- ratio 0 (every block) is bit-identical to the unpatched model, in scope block and keys_values;
 - at ratio 0.5 the attention runs on fewer tokens (lengths recorded by an attention override);
 - the unpatched model is bit-identical after patched runs and keeps no ToMA state;
 - under CFG a batch of two equals two single runs, and each sample of a batch gets its own
@@ -31,12 +31,18 @@ def sample(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list,
     return tiny.sample(model, latent, positive=pos, negative=neg, **kw)
 
 
-def check_ratio_zero(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, **kw: Any) -> torch.Tensor:
-    """Ratio 0 on every block equals the unpatched model bit for bit; returns the unpatched output.
-    kw: sampler arguments (cfg, steps)."""
+SCOPES = ("block", "keys_values")
+"""The scopes every family takes (nodes/settings.py SCOPES; "attention" is Flux's and the UNet's alone)."""
+
+
+def check_ratio_zero(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list,
+                     scopes: tuple[str, ...] = SCOPES, **kw: Any) -> torch.Tensor:
+    """Ratio 0 on every block equals the unpatched model bit for bit, in each of `scopes`; returns the
+    unpatched output. kw: sampler arguments (cfg, steps)."""
     baseline = sample(tiny, model, latent, pos, neg, **kw)
     assert baseline.abs().sum() > 0
-    assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0, blocks="all"), latent, pos, neg, **kw), baseline)
+    for scope in scopes:
+        assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0, blocks="all", scope=scope), latent, pos, neg, **kw), baseline), scope
     return baseline
 
 
@@ -162,7 +168,7 @@ def check_passthrough_rows(
 
 def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list) -> list[tuple[torch.Tensor, ...]]:
     """(q, k, v) of every attention call of a 1-step, cfg-1 run as (B, L, H, e), whatever layout the
-    model hands its attention ((B, L, H e) split by the call's `heads`)."""
+    model hands its attention ((B, L, H e) split by the call's `heads`; SD3's values come as (B, L, H, e))."""
     calls: list[tuple[torch.Tensor, ...]] = []
 
     def override(func, q, k, v, heads, *args, **kwargs):
@@ -170,7 +176,7 @@ def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list
         if kwargs.get("skip_reshape"):
             tensors = tuple(t.transpose(1, 2) for t in tensors)
         else:
-            tensors = tuple(t.unflatten(-1, (heads, -1)) for t in tensors)
+            tensors = tuple(t if t.ndim == 4 else t.unflatten(-1, (heads, -1)) for t in tensors)
         calls.append(tuple(t.detach().clone() for t in tensors))
         return func(q, k, v, heads, *args, **kwargs)
 

@@ -194,6 +194,7 @@ def test_timestep_zero_references_keep_their_modulation(global_modulation_flux: 
     pos, neg = kontext_conditioning(tiny, model, "index_timestep_zero")
     fc.check_ratio_zero(tiny, toma, model, FLUX_LATENT, pos, neg)
     fc.check_passthrough_rows(tiny, toma, model, FLUX_LATENT, pos, neg, text_and_references(REFS), 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, model, FLUX_LATENT, pos, neg, text_and_references(REFS), 32, blocks=blocks)
 
 
 def later_replacement(patched: Any) -> Any:
@@ -591,7 +592,9 @@ def test_chroma_text_rows_pass_through_exactly(tiny_chroma: Any, tiny: Any, toma
     rows reach the first merged double / single block's attention exactly as unpatched, with and
     without a text mask; the image rows lose N - D."""
     pos, neg = chroma_conditioning(chroma_text_mask() if masked else None)
-    fc.check_passthrough_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, lambda plain, merged: [(0, 0, CHROMA_TEXT)], 32, blocks=blocks)
+    kept = lambda plain, merged: [(0, 0, CHROMA_TEXT)]  # noqa: E731
+    fc.check_passthrough_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
 
 
 def test_chroma_text_mask_keeps_its_text_rows_and_columns(tiny_chroma: Any, tiny: Any, toma: Any) -> None:
