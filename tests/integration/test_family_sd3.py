@@ -117,8 +117,8 @@ def test_keys_values_merge_the_x_block_self_attention_keys_too(sd3: Any, tiny: A
     plans: list[Any] = []
     original = toma.runtime.make_plan
     monkeypatch.setattr(toma.runtime, "make_plan", lambda *a, **k: plans.append(original(*a, **k)) or plans[-1])
-    plain = fc.heads_first_inputs(tiny, sd3, LATENT, *conds)
-    merged = fc.heads_first_inputs(tiny, patch(toma, sd3, ratio=0.5, tile_size=4, blocks="double:0", scope="keys_values"), LATENT, *conds)
+    plain, _ = fc.heads_first_inputs(tiny, sd3, LATENT, *conds)
+    merged, _ = fc.heads_first_inputs(tiny, patch(toma, sd3, ratio=0.5, tile_size=4, blocks="double:0", scope="keys_values"), LATENT, *conds)
     (plan,) = plans
     assert [m[1].shape[1] for m in merged] == [TEXT + 32, 32, TEXT + 64, TEXT + 64]
     for (q_p, k_p, v_p), (q_m, k_m, v_m), text in zip(plain[:2], merged[:2], (TEXT, 0)):
