@@ -6,7 +6,8 @@
 - ComfyUI 0.33's experimental Flux KV Cache node (comfy_extras/nodes_flux.py FluxKVCache: the
   reference images' keys cached on the first call, then stripped from the image and appended by an
   attn1 patch) on a tiny Flux.2 Klein with two reference latents, ToMA before and after it: every
-  block merges, the output is finite, and the cached reference keys reach the attention unmerged.
+  block merges, the output is finite, and the cached reference keys reach the attention unmerged
+  (scope block reads the same layout).
 
 Both are new in ComfyUI 0.33: on 0.3.64 these tests skip naming what is missing. TorchCompileModel
 with scope keys_values: tests/integration/test_compat_compile.py."""
@@ -168,3 +169,20 @@ def test_flux_kv_cache_references_stay_unmerged(klein: Any, tiny: Any, toma: Any
         if i == 4:  # double block 0 of the cached call: the cache the first call filled, before any merged block
             torch.testing.assert_close(k_m[:, -REFS:, :, :e], k_p[:, -REFS:], rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(v_m[:, -REFS:, :, :e], v_p[:, -REFS:], rtol=1e-5, atol=1e-6)
+
+
+def test_flux_kv_cache_under_scope_block(klein: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Scope block reads the same cached-reference layout: every block run merges (the image's
+    queries too), and at the first block of the cached call the R cached reference keys come after
+    the T + D merged sequence's, exactly the unpatched cache's."""
+    plain_cache = kv_cache(klein)
+    plain, base = kernel_inputs(tiny, plain_cache)
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    merged, out = kernel_inputs(tiny, patch(toma, plain_cache, blocks="all", tile_size=4))
+    run = run_records(caplog)[-1]
+    assert run.block_runs_merged == 2 * 4 and run.unmerged_blocks == run.unmerged_calls == {}, run
+    assert torch.isfinite(out).all() and rel(out, base) > 1e-4
+    assert [(m[0].shape[1], m[1].shape[1]) for m in merged] == [(TEXT + 32 + REFS,) * 2] * 4 + [(TEXT + 32, TEXT + 32 + REFS)] * 4
+    (_, k_p, v_p), (_, k_m, v_m) = plain[4], merged[4]
+    torch.testing.assert_close(k_m[:, -REFS:], k_p[:, -REFS:], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(v_m[:, -REFS:], v_p[:, -REFS:], rtol=1e-5, atol=1e-6)
