@@ -1,15 +1,16 @@
 """Scope keys_values beside what else hooks attention, in real ComfyUI on tiny models:
 
 - an attention function chosen for the model (ComfyUI 0.33's ModelPatcher.set_model_optimized_attention,
-  what its "ModelAttentionBackend" node calls) keeps running in ToMA's merged blocks, in either node
-  order, and receives the merged keys and values;
+  what its "ModelAttentionBackend" node calls, or an optimized_attention_override a pack puts in the
+  model's transformer_options) keeps running in ToMA's merged blocks, in either node order, and
+  receives the merged keys and values;
 - ComfyUI 0.33's experimental Flux KV Cache node (comfy_extras/nodes_flux.py FluxKVCache: the
   reference images' keys cached on the first call, then stripped from the image and appended by an
   attn1 patch) on a tiny Flux.2 Klein with two reference latents, ToMA before and after it: every
   block merges, the output is finite, and the cached reference keys reach the attention unmerged
   (scope block reads the same layout).
 
-Both are new in ComfyUI 0.33: on 0.3.64 these tests skip naming what is missing. TorchCompileModel
+The node, the method and the KV cache are new in ComfyUI 0.33: on 0.3.64 those tests skip naming what is missing. TorchCompileModel
 with scope keys_values: tests/integration/test_compat_compile.py."""
 
 from __future__ import annotations
@@ -39,38 +40,46 @@ def require_selection() -> None:
         pytest.skip("ComfyUI 0.3.64 has no ModelPatcher.set_model_optimized_attention (it came with ComfyUI 0.33)")
 
 
-def with_chosen_attention(model: Any, calls: list) -> Any:
-    """A clone whose attention is a chosen function (set_model_optimized_attention): ComfyUI's SDPA
-    attention, recording each call's (query length, key length, head size) first."""
+def with_chosen_attention(model: Any, calls: list, how: str) -> Any:
+    """A clone whose attention is a chosen function: ComfyUI's SDPA attention, recording each call's
+    (query length, key length, head size) first; put there by ModelPatcher.set_model_optimized_attention
+    or, as a pack would on ComfyUI 0.3.64, as transformer_options["optimized_attention_override"]."""
     from comfy.ldm.modules.attention import attention_pytorch
 
     def chosen(q, k, v, heads, *args, **kwargs):
         heads_first = kwargs.get("skip_reshape")
         tokens = 2 if heads_first else 1
         calls.append((q.shape[tokens], k.shape[tokens], q.shape[-1] if heads_first else q.shape[-1] // heads))
+        kwargs.pop("transformer_options", None)
         return attention_pytorch(q, k, v, heads, *args, **kwargs)
 
     clone = model.clone()
-    clone.set_model_optimized_attention(chosen)
+    if how == "set_model_optimized_attention":
+        require_selection()
+        clone.set_model_optimized_attention(chosen)
+    else:
+        clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = lambda func, *a, **kw: chosen(*a, **kw)
     return clone
 
 
+@pytest.mark.parametrize("how", ["set_model_optimized_attention", "transformer_options"])
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("name", ["tiny_flux", "tiny_sdxl"])
-def test_chosen_attention_runs_on_the_merged_keys(name: str, order: str, tiny: Any, toma: Any, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture) -> None:
+def test_chosen_attention_runs_on_the_merged_keys(
+    name: str, order: str, how: str, tiny: Any, toma: Any, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture,
+) -> None:
     """Every attention call still reaches the chosen function; in the merged blocks it gets all the
     queries and fewer keys, in the padded head size of the log-mass channel; the output is ToMA's
     keys_values with ComfyUI's own attention, up to the kernels' rounding."""
-    require_selection()
     model = request.getfixturevalue(name)
     latent = FLUX_LATENT if name == "tiny_flux" else UNET_LATENT
     plain_calls: list = []
-    tiny.sample(with_chosen_attention(model, plain_calls), latent, steps=1, cfg=1.0)
+    tiny.sample(with_chosen_attention(model, plain_calls, how), latent, steps=1, cfg=1.0)
     calls: list = []
     if order == "toma_first":
-        chained = with_chosen_attention(patch(toma, model, **KV), calls)
+        chained = with_chosen_attention(patch(toma, model, **KV), calls, how)
     else:
-        chained = patch(toma, with_chosen_attention(model, calls), **KV)
+        chained = patch(toma, with_chosen_attention(model, calls, how), **KV)
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
     out = tiny.sample(chained, latent, steps=1, cfg=1.0)
     run = run_records(caplog)[-1]
