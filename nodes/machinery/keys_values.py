@@ -24,8 +24,9 @@ attention patch) stays in charge of the kernel: it receives the merged keys and 
 
 Keys are merged after rope: a merged key averages its cluster's rotated keys, so its logit
 q.(M k) = sum_i M_i q.k_i is the mean of the cluster's own roped logits (exact per key, linear in
-the keys); what is lost is only the spread of those logits inside one tile, the same loss as
-merging keys without rope (docs/keys_values.md; tests/test_keys_values.py).
+the keys); what is lost is only the spread of those logits inside a cluster, to which rope adds the
+rotation differences within one tile (docs/keys_values.md "Roped keys";
+tests/integration/test_keys_values_rope.py).
 """
 
 from __future__ import annotations
