@@ -108,21 +108,19 @@ def double_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Double block: args img (B, N[+R], C) (the image first), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2).
     img holds N rows alone when the R reference rows come as cached keys instead (cached_references)."""
     g, img, text_len = ctx.geometry, args["img"], args["txt"].shape[1]
-    rows = text_len + g.tokens + g.extra_tokens
-    if img.shape[1] != g.tokens + g.extra_tokens and not cached_references(args, g.extra_tokens, text_len + img.shape[1], rows):
+    images = g.tokens + g.extra_tokens
+    if img.shape[1] != images and not cached_references(args, g.extra_tokens, text_len + img.shape[1], text_len + images):
         return TOKENS_DIFFER
-    return image_span(args, ctx, 0, text_len, rows, text_len + img.shape[1])
+    return image_span(args, ctx, 0, text_len, text_len + images, text_len + img.shape[1])
 
 
 def single_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Single block: args img = [txt; img; ref] (B, T+N+R, C), pe (B, 1, T+N+R, hd/2, 2, 2); [txt; img]
     alone when the references come as cached keys (cached_references: T is then read from pe)."""
     g, seq = ctx.geometry, args["img"]
-    images = g.tokens + g.extra_tokens
-    rows = seq.shape[1]
-    if cached_references(args, g.extra_tokens, rows, rows + g.extra_tokens):
-        rows += g.extra_tokens
-    text_len = rows - images
+    refs = g.extra_tokens
+    rows = seq.shape[1] + (refs if cached_references(args, refs, seq.shape[1], seq.shape[1] + refs) else 0)
+    text_len = rows - g.tokens - refs
     if text_len < 0:
         return TOKENS_DIFFER
     return image_span(args, ctx, text_len, text_len, rows, seq.shape[1])
