@@ -193,18 +193,19 @@ def test_in_place_single_blocks_keep_their_change(hunyuan: Any, tiny: Any, toma:
     assert rel(merged, base) < 0.5 * rel(nothing, base)
 
 
-def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any, scope: str) -> None:
     """A padded prompt (9 of 12 tokens) at cfg 1 (ComfyUI builds the mask at batch 1 only): every
     merged attention gets a mask of D + T keys whose text columns are the unpatched ones (the
-    padding stays masked), and ratio 0 stays exact."""
+    padding stays masked), and ratio 0 stays exact; in both scopes."""
     mask = torch.ones((1, TEXT), dtype=torch.long)
     mask[:, 9:] = 0
     pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, attention_mask=mask)
     neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT)
     base = fc.sample(tiny, hunyuan, LATENT, pos, neg, cfg=1.0)
-    assert torch.equal(fc.sample(tiny, patch(toma, hunyuan, ratio=0.0, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
+    assert torch.equal(fc.sample(tiny, patch(toma, hunyuan, ratio=0.0, blocks="all", scope=scope), LATENT, pos, neg, cfg=1.0), base)
     plain, plain_masks = record_attention(hunyuan, lambda b, q, k, m: m)
-    recorded, masks = record_attention(patch(toma, hunyuan, blocks="all"), lambda b, q, k, m: m)
+    recorded, masks = record_attention(patch(toma, hunyuan, blocks="all", scope=scope), lambda b, q, k, m: m)
     fc.sample(tiny, plain, LATENT, pos, neg, cfg=1.0, steps=1)
     out = fc.sample(tiny, recorded, LATENT, pos, neg, cfg=1.0, steps=1)
     assert [m.shape[-1] for m in masks[len(REFINER):]] == [96 + TEXT] * 4

@@ -53,15 +53,17 @@ def test_every_layer_runs_on_merged_tokens(lumina: Any, tiny: Any, toma: Any, co
     assert fc.summary(caplog).block_runs_merged == 3
 
 
-def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, toma: Any) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, toma: Any, scope: str) -> None:
     """Positive 12 caption tokens, negative 9 (padded mask): two calls, each merged at its own
-    offset (the negative's padded caption tokens dropped, as on ComfyUI 0.3.64, or kept, as on 0.33)."""
+    offset (the negative's padded caption tokens dropped, as on ComfyUI 0.3.64, or kept, as on 0.33);
+    in both scopes (keys_values: the key mask's columns merged)."""
     pos = tiny_dits.conditioning("lumina2", 1, TEXT)
     mask = torch.ones((1, TEXT), dtype=torch.long)
     mask[:, 9:] = 0
     neg = tiny_dits.conditioning("lumina2", 2, TEXT, attention_mask=mask)
-    fc.check_ratio_zero(tiny, toma, lumina, LATENT, pos, neg)
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, pos, neg)
+    fc.check_ratio_zero(tiny, toma, lumina, LATENT, pos, neg, scopes=(scope,))
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, pos, neg, scope=scope)
     layers = set(plain) - set(REFINER)  # the refiner sees the padded caption
     assert layers in ({9 + 64, TEXT + 64}, {TEXT + 64})
     assert set(merged) == set(REFINER) | {length - 32 for length in layers}

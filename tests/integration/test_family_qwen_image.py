@@ -265,10 +265,11 @@ def test_rope_axis_and_modulation_checks_refuse_other_layouts(toma: Any) -> None
     assert qwen_image.timestep_zero(args | {"vec": torch.zeros(3, 8)}, 64).layout
 
 
-def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     """A text mask hiding the last 4 of the T text tokens (the `encoder_hidden_states_mask` every
     block gets from `_forward`) still hides them on merged blocks: every block merges, and changing
-    the hidden tokens leaves the output as it is."""
+    the hidden tokens leaves the output as it is; in both scopes."""
     mask = torch.ones((1, TEXT), dtype=torch.long)
     mask[:, -4:] = 0
     text = torch.randn((1, TEXT, 32), generator=torch.Generator().manual_seed(1))
@@ -278,8 +279,8 @@ def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, caplo
     neg = tiny_dits.conditioning("qwen", 2, TEXT)
     if not torch.equal(fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0), fc.sample(tiny, qwen, LATENT, changed, neg, cfg=1.0)):
         pytest.skip("ComfyUI 0.3.64's comfy.ldm.qwen_image Attention ignores the text mask")
-    fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg)
-    patched = patch(toma, qwen, tile_size=4, blocks="all")
+    fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg, scopes=(scope,))
+    patched = patch(toma, qwen, tile_size=4, blocks="all", scope=scope)
     caplog.set_level("INFO")
     out = fc.sample(tiny, patched, LATENT, pos, neg, cfg=1.0)
     assert fc.summary(caplog).block_runs_merged == 6
