@@ -101,16 +101,19 @@ def test_ratio_zero_is_bit_identical(wan: Any, tiny: Any, toma: Any, kind: str) 
 
 
 @pytest.mark.parametrize("kind", ["t2v", "i2v", "ti2v"])
-def test_keys_values_merge_only_the_video_keys(wan: Any, tiny: Any, toma: Any, kind: str) -> None:
+def test_keys_values_merge_only_the_video_keys(wan: Any, tiny: Any, toma: Any, kind: str, caplog: pytest.LogCaptureFixture) -> None:
     """Scope keys_values, which rows merged: the first block's self-attention keeps its N queries and
     gets N - D video keys and values fewer (T2V, I2V, the 5B TI2V), the cross-attention to the text
-    (and I2V's CLIP image tokens) keeps every key."""
+    (and I2V's CLIP image tokens) keeps every key; the run line counts the 3 blocks merged."""
     import family_checks as fc
 
     model = wan.build_wan(kind)
     latent = latent_of(wan, model)
     pos, neg = wan.conditioning(model, 1, latent), wan.conditioning(model, 2, latent)
-    fc.check_keys_values_rows(tiny, toma, model, latent, pos, neg, lambda plain, merged: [], 240 - kept_tokens(toma, 5, 6, 8))
+    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+        fc.check_keys_values_rows(tiny, toma, model, latent, pos, neg, lambda plain, merged: [], 240 - kept_tokens(toma, 5, 6, 8))
+    record = compat_support.run_records(caplog)[-1]
+    assert record.block_runs_merged == 3 and record.unmerged_blocks == record.unmerged_calls == {}, record
 
 
 def test_self_attention_runs_on_merged_tokens_and_text_is_never_merged(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
