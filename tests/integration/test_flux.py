@@ -594,7 +594,10 @@ def test_chroma_text_rows_pass_through_exactly(tiny_chroma: Any, tiny: Any, toma
     rows reach the first merged double / single block's attention exactly as unpatched, with and
     without a text mask; the image rows lose N - D."""
     pos, neg = chroma_conditioning(chroma_text_mask() if masked else None)
-    kept = lambda plain, merged: [(0, 0, CHROMA_TEXT)]  # noqa: E731
+
+    def kept(plain: int, merged: int) -> list[tuple[int, int, int]]:
+        return [(0, 0, CHROMA_TEXT)]
+
     fc.check_passthrough_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
     fc.check_keys_values_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
 
