@@ -40,7 +40,10 @@ HEAD_MULTIPLE = 8
 
 
 def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, L, H e) -> (B, H, L, e)."""
+    """(B, L, H e) -> (B, H, L, e); (B, L, H, e) too, as ComfyUI's attention functions take it
+    without skip_reshape (they reshape to (B, L, H, e) first: SD3's values come so, mmdit.split_qkv)."""
+    if t.ndim == 4:
+        return rearrange(t, "b l h e -> b h l e")
     return rearrange(t, "b l (h e) -> b h l e", h=heads)
 
 

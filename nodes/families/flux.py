@@ -105,25 +105,42 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
 
 
 def double_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
-    """Double block: args img (B, N[+R], C) (the image first), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
+    """Double block: args img (B, N[+R], C) (the image first), txt (B, T, C), pe (B, 1, T+N+R, hd/2, 2, 2).
+    img holds N rows alone when the R reference rows come as cached keys instead (cached_references)."""
     g, img, text_len = ctx.geometry, args["img"], args["txt"].shape[1]
-    if img.shape[1] != g.tokens + g.extra_tokens:
+    images = g.tokens + g.extra_tokens
+    if img.shape[1] != images and not cached_references(args, g.extra_tokens, text_len + img.shape[1], text_len + images):
         return TOKENS_DIFFER
-    return image_span(args, ctx, 0, text_len, text_len + img.shape[1])
+    return image_span(args, ctx, 0, text_len, text_len + images, text_len + img.shape[1])
 
 
 def single_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
-    """Single block: args img = [txt; img; ref] (B, T+N+R, C), pe (B, 1, T+N+R, hd/2, 2, 2)."""
+    """Single block: args img = [txt; img; ref] (B, T+N+R, C), pe (B, 1, T+N+R, hd/2, 2, 2); [txt; img]
+    alone when the references come as cached keys (cached_references: T is then read from pe)."""
     g, seq = ctx.geometry, args["img"]
-    text_len = seq.shape[1] - g.tokens - g.extra_tokens
+    refs = g.extra_tokens
+    rows = seq.shape[1] + (refs if cached_references(args, refs, seq.shape[1], seq.shape[1] + refs) else 0)
+    text_len = rows - g.tokens - refs
     if text_len < 0:
         return TOKENS_DIFFER
-    return image_span(args, ctx, text_len, text_len, seq.shape[1])
+    return image_span(args, ctx, text_len, text_len, rows, seq.shape[1])
 
 
-def image_span(args: dict, ctx: CallContext, start: int, text_len: int, length: int) -> ImageSpan:
+def cached_references(args: dict, refs: int, tokens: int, rows: int) -> bool:
+    """Whether a block of `tokens` tokens gets its R = `refs` reference tokens as cached keys: pe
+    holds `rows` = tokens + R rows (the reference rows last) and the call carries reference images
+    (transformer_options["reference_image_num_tokens"], comfy.ldm.flux.model.Flux._forward). ComfyUI
+    0.33's Flux KV Cache node (comfy_extras/nodes_flux.py FluxKVCache) strips them from the image
+    once their keys are cached and appends those keys in an attn1 patch, before every attention."""
+    pe, options = args.get("pe"), args.get("transformer_options") or {}
+    return (refs > 0 and pe is not None and pe.ndim > 2 and pe.shape[2] == rows == tokens + refs
+            and sum(options.get("reference_image_num_tokens", ())) == refs)
+
+
+def image_span(args: dict, ctx: CallContext, start: int, text_len: int, length: int, queries: int | None = None) -> ImageSpan:
     """The N image tokens at [start, start+N) of args img and at [text_len, text_len+N) of the
-    block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows).
+    block's attention sequence of `length` tokens ([txt; img; ref]: the pe and attn_mask rows), of
+    which the block's own `queries` (default: all; fewer when the references come as cached keys).
     Besides the pe rows, a merged run gets the attention mask merged (with the proportional-attention
     bias when enabled) and, under per-span modulation, its row move for the block's forward patch
     (machinery/spans.py); a mask of another layout runs the block unmerged."""
@@ -137,7 +154,7 @@ def image_span(args: dict, ctx: CallContext, start: int, text_len: int, length: 
             return {"attn_mask": mask}
         return {"attn_mask": mask, "transformer_options": with_move(args.get("transformer_options"), RowMove.of(plan, start))}
 
-    return ImageSpan(start, (Rows("pe", 2, text_len),), length, more=more, tokens=n, keys=Keys(text_len, length))
+    return ImageSpan(start, (Rows("pe", 2, text_len),), length, more=more, tokens=n, keys=Keys(text_len, queries or length))
 
 
 def merged_mask(args: dict, ctx: CallContext, plan: MergePlan, text_len: int, length: int, dtype: torch.dtype) -> torch.Tensor | None | Unmerged:

@@ -83,7 +83,7 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None, double: bool)
                 return TOKENS_DIFFER
             return run_merged(
                 ctx, SLOT, image_tokens, ImageSpan(0, (Rows("rope", 1, 0),), rope.shape[1], keys=Keys(0, rope.shape[1])),
-                {"rope": rope}, call=lambda seq, merged: call(seq, merged["rope"], merged.get("transformer_options", transformer_options)),
+                {"rope": rope, "transformer_options": transformer_options}, call=lambda seq, merged: call(seq, merged["rope"], merged.get("transformer_options", transformer_options)),
                 output=lambda result: result[0] if double else result,
                 rebuild=lambda result, seq: (seq, result[1]) if double else seq,
             )

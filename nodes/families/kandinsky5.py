@@ -99,7 +99,7 @@ def make_forward(block: torch.nn.Module, foreign: Callable | None) -> Callable:
             if isinstance(span, Unmerged):
                 return span
             return run_merged(
-                ctx, PLAN_SLOT, visual_embed, span, {"freqs": freqs},
+                ctx, PLAN_SLOT, visual_embed, span, {"freqs": freqs, "transformer_options": transformer_options},
                 call=lambda x_m, tables: call(x_m, tables["freqs"], tables.get("transformer_options", transformer_options)),
                 output=lambda out: out,
                 rebuild=lambda out, x: x,

@@ -88,7 +88,7 @@ def make_forward(layer: torch.nn.Module, foreign: Callable | None, pad_multiple:
             if isinstance(span, Unmerged):
                 return span
             return run_merged(
-                ctx, SLOT, x, span, unmerged,
+                ctx, SLOT, x, span, unmerged | {"transformer_options": transformer_options},
                 call=lambda seq, tables: call(seq, unmerged | tables), output=lambda y: y, rebuild=lambda y, seq: seq,
             )
 

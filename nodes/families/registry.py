@@ -75,13 +75,13 @@ FAMILIES: tuple[Family, ...] = (
         (("double", "double_blocks"), ("single", "single_blocks")), DitCost("hidden_size", ("double_blocks", "single_blocks")), "Flux",
         "Flux.1 dev, schnell, Fill, Kontext; Flux.2 dev, Klein 4B / 9B (incl. multi-reference editing) and LongCat-Image (ComfyUI 0.33); Chroma (incl. Radiance)",
         "Replaces the dit double/single blocks. Text tokens and Kontext reference-image tokens pass through unmerged; reference tokens of ComfyUI 0.33's `index_timestep_zero` method keep their own modulation.",
-        "`scope = attention`: double blocks merge q/k/v after ComfyUI's rope (see below).",
+        "`scope = attention`: double blocks merge q/k/v after ComfyUI's rope (see below). With ComfyUI 0.33's Flux KV Cache node the cached reference keys pass through unmerged (`scope = block`, `keys_values`).",
         "Flux (incl. Kontext, Fill), Flux.2, LongCat-Image, Chroma", "double:1-4,single:5-19",
     ),
     Family(
         "unet", ("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel",), unet.apply, (), UNetCost(), "UNet",
         "SDXL, SD1.x, SD2.x",
-        "Patches each selected `BasicTransformerBlock` (whole block), or only its attention (`scope = attention`).",
+        "Patches each selected `BasicTransformerBlock` (whole block), only its attention (`scope = attention`), or only attn1's keys and values (`scope = keys_values`).",
         "Video UNets (SVD) refused; `proportional_attention` not available.",
         "SDXL, SD1.5, SD2", "input:4-8,middle,output:0-5",
     ),
@@ -90,7 +90,7 @@ FAMILIES: tuple[Family, ...] = (
         (("double", "joint_blocks"),), DitCost("hidden_size", ("joint_blocks",)), "SD3",
         "SD3 Medium, SD3.5 Large / Large Turbo / Medium (MMDiT)",
         "Replaces the dit joint blocks (`double:` in `blocks`); the text stream passes through. No rope: positions ride in the tokens.",
-        "`scope = block` only; no `proportional_attention`.",
+        "No `scope = attention`, no `proportional_attention`. `scope = keys_values` merges the keys of SD3.5 Medium's second self-attention too.",
         "SD3/SD3.5", "double:5-23",
     ),
     Family(
@@ -98,7 +98,7 @@ FAMILIES: tuple[Family, ...] = (
         (("double", "transformer_blocks"),), DitCost("inner_dim", ("transformer_blocks",)), "Qwen-Image",
         "Qwen-Image (incl. 2512), Qwen-Image-Edit (2509, 2511 with `index_timestep_zero` references), Qwen-Image-Layered (multi-frame latents): one class",
         "Replaces the dit blocks (`double:` in `blocks`); merged tokens take their destinations' rope rows. Edit reference-image tokens pass through unmerged with their own modulation; each layer of a layered latent merges on its own.",
-        "`scope = block` only; no `proportional_attention`. Edit: the reference tokens are not merged, so the gain is smaller (about half the tokens stay).",
+        "No `scope = attention`, no `proportional_attention`. Edit: the reference tokens are not merged, so the gain is smaller (about half the tokens stay).",
         "Qwen-Image(-Edit)", "double:5-23",
     ),
     Family(
@@ -106,7 +106,7 @@ FAMILIES: tuple[Family, ...] = (
         (("layers", "layers"),), DitCost("dim", ("layers", "noise_refiner")), "Lumina2",
         "Lumina-Image 2.0, Z-Image, Z-Image Turbo (NextDiT; Z-Image on ComfyUI 0.33)",
         "Object-patches each selected main layer (`layers:` in `blocks`); caption tokens and Z-Image's pad tokens pass through, merged tokens take their destinations' rope rows and mask columns.",
-        "`scope = block` only; no `proportional_attention`. The refiner layers stay exact. Z-Image: tested on tiny models of 0.33's class, quality not measured on real weights.",
+        "No `scope = attention`, no `proportional_attention`. The refiner layers stay exact. Z-Image: tested on tiny models of 0.33's class, quality not measured on real weights.",
         "Lumina2, Z-Image", "layers:5-25",
     ),
     Family(
@@ -114,7 +114,7 @@ FAMILIES: tuple[Family, ...] = (
         (("double", "double_blocks"), ("single", "single_blocks")), DitCost("hidden_size", ("double_blocks", "single_blocks")), "HunyuanVideo",
         "HunyuanVideo (T2V, custom I2V, image-to-video v2), HunyuanVideo 1.5 (ComfyUI 0.33), HunyuanImage 2.1",
         "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of `tile_frames` (default 4) frames x `tile_size` x `tile_size`). Text tokens (before or after the video, as each ComfyUI lays them out), the text mask and reference-latent tokens pass through unmerged.",
-        "`scope = block` only; no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
+        "No `scope = attention`, no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
         "HunyuanVideo", "double:5-19", video=True,
     ),
     Family(
@@ -122,7 +122,7 @@ FAMILIES: tuple[Family, ...] = (
         (("blocks", "blocks"),), DitCost("dim", ("blocks",), joint=False), "Wan",
         "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE, Bernini (ComfyUI 0.33); S2V runs unmerged",
         "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames and Bernini's in-context tokens pass through.",
-        "`scope = block` only; no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
+        "No `scope = attention`, no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
         "Wan", "blocks:5-29", video=True,
     ),
     Family(
@@ -130,7 +130,7 @@ FAMILIES: tuple[Family, ...] = (
         (("blocks", "visual_transformer_blocks"),), DitCost("model_dim", ("visual_transformer_blocks",), joint=False), "Kandinsky 5",
         "Kandinsky 5.0 Video Lite / Pro (T2V, I2V), Image Lite (ComfyUI 0.33)",
         "Object-patches each selected visual block (`blocks:` in `blocks`); spatio-temporal tiles as for Wan (frame 0 alone); text is cross-attention and never merged, the text blocks run as they are; merged tokens take their destinations' rope rows.",
-        "`scope = block` only; no `proportional_attention`. Tested on tiny models of ComfyUI's class; quality not measured on real weights.",
+        "No `scope = attention`, no `proportional_attention`. Tested on tiny models of ComfyUI's class; quality not measured on real weights.",
         "Kandinsky 5", "blocks:5-29", video=True,
     ),
     Family(
@@ -139,7 +139,7 @@ FAMILIES: tuple[Family, ...] = (
         DitCost("inner_dim", ("double_stream_blocks", "single_stream_blocks")), "HiDream",
         "HiDream-I1 (Full, Dev, Fast)",
         "Object-patches each selected double/single stream block; text tokens pass through, merged tokens take their destinations' rope rows.",
-        "`scope = block` only; no `proportional_attention`. Attention is ~9% of its block compute (MoE feed-forward): the gain is in the linear layers; merged tokens are routed on merged features. E1 edit calls run unmerged.",
+        "No `scope = attention`, no `proportional_attention`. Attention is ~9% of its block compute (MoE feed-forward): the gain is in the linear layers (little for `scope = keys_values`); merged tokens are routed on merged features. E1 edit calls run unmerged.",
         "HiDream", "double:5-15,single:5-31",
     ),
 )

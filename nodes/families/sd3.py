@@ -6,7 +6,8 @@ image stream; the text stream passes through. SD3 has no rope: a learned absolut
 embedding is added to the tokens once before the blocks, so a merged token carries its cluster's
 position in its features and there is nothing to gather. The last block's text stream is
 pre-only and returns txt None, passed on as it comes. SD3.5-Medium's extra image self-attention
-(`x_block_self_attn`) runs inside the block on the merged tokens too.
+(`x_block_self_attn`) runs inside the block on the merged tokens too; under scope keys_values its
+keys and values merge as the joint attention's image keys do.
 
 The grid comes from the APPLY_MODEL wrapper's latent (MMDiT.forward has no DIFFUSION_MODEL
 executor): h = ceil(H / 2), w = ceil(W / 2), as `PatchEmbed` pads.
@@ -39,12 +40,14 @@ def apply(model, settings: ToMASettings) -> DitAdapter:
 
 def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     """Joint block: img (B, N, C) is the image, merged to (B, D, C); txt, vec unchanged; no
-    per-token table (no rope). The joint attention runs over [txt; img] (mmdit.block_mixing)."""
+    per-token table (no rope). The joint attention runs over [txt; img] (mmdit._block_mixing); its
+    second attention call, in the blocks that have one, is SD3.5-Medium's image-only
+    x_block_self_attn over the N image tokens (scope keys_values merges the keys of both)."""
     n = args["img"].shape[1]
     if n != ctx.geometry.tokens:
         return TOKENS_DIFFER
     text_len = 0 if args.get("txt") is None else args["txt"].shape[1]
-    return ImageSpan(0, (), n, keys=Keys(text_len, text_len + n))
+    return ImageSpan(0, (), n, keys=Keys(text_len, text_len + n, then=Keys(0, n)))
 
 
 merged_joint = merged_dit_block(SLOT, image_span)

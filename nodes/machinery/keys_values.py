@@ -7,15 +7,16 @@ Every ComfyUI attention call goes through `transformer_options["optimized_attent
 shared runner (runner.py `run_merged`) puts a `KeysValuesOverride` in a copy of the block's
 transformer_options; the block runs on its own N tokens, and the override changes the first
 attention call it sees, which in every supported block is its self-attention (the cross-attention
-to text of Wan, Kandinsky 5 and the UNet comes after it):
+to text of Wan, Kandinsky 5 and the UNet comes after it; SD3.5-Medium's second, image-only
+self-attention is named by `Keys.then`):
 
     q (B, H, L_q, e)                                   unchanged: L_q = `Keys.queries`
     k, v (B, H, L_k, e), image rows at Keys.start      -> [head; M img; tail] (B, H, L_k - N + D, e)
     mask (..., L_k)                                    -> the destinations' key columns
     log-mass of the merged keys                        -> one extra q/k channel (with_mass_channel)
 
-A first call of another shape (the block's layout changed under ComfyUI) raises SpansCut before
-anything merges: the block runs again unmerged, with the layout reason. A block whose attention
+A merging call of another shape (the block's layout changed under ComfyUI) raises SpansCut before
+its keys merge: the block runs again unmerged, with the layout reason. A block whose attention
 never reaches the override (another node replaced it outside ComfyUI's attention functions) has
 run exactly as unpatched; it is counted unmerged with NOT_REACHED rather than run twice.
 Another override already in the options (a node choosing the attention kernel, another pack's
@@ -23,8 +24,9 @@ attention patch) stays in charge of the kernel: it receives the merged keys and 
 
 Keys are merged after rope: a merged key averages its cluster's rotated keys, so its logit
 q.(M k) = sum_i M_i q.k_i is the mean of the cluster's own roped logits (exact per key, linear in
-the keys); what is lost is only the spread of those logits inside one tile, the same loss as
-merging keys without rope (docs/keys_values.md; tests/test_keys_values.py).
+the keys); what is lost is only the spread of those logits inside a cluster, to which rope adds the
+rotation differences within one tile (docs/keys_values.md "Roped keys";
+tests/integration/test_keys_values_rope.py).
 """
 
 from __future__ import annotations
@@ -64,10 +66,14 @@ NOT_REACHED = Unmerged("attention not reached: another node replaced it outside 
 class Keys:
     """Where a block's self-attention holds the N image keys: rows [start, start + N) of a key
     sequence with `queries` queries (the block's own tokens, text first or after as the family lays
-    them out; the keys may be longer, e.g. cached reference keys appended after them)."""
+    them out; the keys may be longer, e.g. cached reference keys appended after them). then: the
+    image keys of the block's next attention call when that one is a self-attention over the image
+    too (SD3.5-Medium's x_block_self_attn after the joint attention, mmdit._block_mixing); None: the
+    calls after this one (cross-attention) keep their keys."""
 
     start: int
     queries: int
+    then: Keys | None = None
 
 
 class KeysValuesOverride:
@@ -76,7 +82,7 @@ class KeysValuesOverride:
 
     def __init__(self, plan: MergePlan, keys: Keys, inner, mass: bool) -> None:
         self.plan = plan
-        self.keys = keys
+        self.pending: Keys | None = keys
         self.inner = inner
         self.mass = mass
         self.calls = 0
@@ -85,12 +91,14 @@ class KeysValuesOverride:
         kwargs = dict(zip(POSITIONAL, args)) | kwargs
         run = func if self.inner is None else (lambda *a, **kw: self.inner(func, *a, **kw))
         self.calls += 1
-        if self.calls > 1:
+        keys = self.pending
+        self.pending = None if keys is None else keys.then
+        if keys is None:
             return run(q, k, v, heads, **kwargs)
         heads_first = bool(kwargs.get("skip_reshape"))
         q, k, v = (t if heads_first else split_heads(t, heads) for t in (q, k, v))
-        self._check(q, k, v, kwargs.get("mask"))
-        start = self.keys.start
+        self._check(keys, q, k, v, kwargs.get("mask"))
+        start = keys.start
         k, v = merge_key_rows(k, self.plan, start), merge_key_rows(v, self.plan, start)
         if kwargs.get("mask") is not None:
             kwargs["mask"] = merged_key_mask(kwargs["mask"], self.plan, start)
@@ -103,9 +111,9 @@ class KeysValuesOverride:
         out = out[..., :width]
         return out if wants_heads else join_heads(out)
 
-    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> None:
-        """SpansCut unless q / k / v hold the block's queries and image keys where Keys says."""
-        n, keys = self.plan.num_tokens, self.keys
+    def _check(self, keys: Keys, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> None:
+        """SpansCut unless q / k / v hold the block's queries and image keys where `keys` says."""
+        n = self.plan.num_tokens
         if q.shape[2] != keys.queries or k.shape[2] < keys.start + n or v.shape[2] != k.shape[2]:
             raise SpansCut(layout_changed(
                 f"self-attention of {q.shape[2]} queries and {k.shape[2]} keys, expected {keys.queries} queries and "

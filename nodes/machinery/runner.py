@@ -30,7 +30,7 @@ maps the span to D merged tokens and a block's change back:
 
     x = seq[:, start:start+N]                  (B, N, C)
     seq_m = [head; M x; tail]                  (B, L - N + D, C), a fresh tensor (merge_span)
-    out = block(seq_m, rows gathered to the D destinations)   (merge_rows, merge_key_mask)
+    out = block(seq_m, rows gathered to the D destinations)   (merge_tables)
     y = [head'; x + U(out_span - M x); tail']  (B, L, C)     (unmerge_span)
 
 The merged sequence is always a fresh tensor and the delta is taken against our own copy of
@@ -156,21 +156,29 @@ def image_plan(ctx: CallContext, slot: str, image: torch.Tensor, segments: tuple
 
 def merge_tables(args: dict, tables: tuple[Rows, ...], plan: MergePlan, length: int) -> dict | Unmerged:
     """The per-token tables gathered to the destinations ({key: table}), or why not."""
-    merged = {}
+    why = tables_misfit(args, tables, length)
+    if why is not None:
+        return why
+    return {rows.key: merge_rows(args[rows.key], token_axis(rows, args[rows.key]), rows.start, plan)
+            for rows in tables if args.get(rows.key) is not None}
+
+
+def token_axis(rows: Rows, table: torch.Tensor) -> int:
+    """The axis of `table` that runs over the tokens (a key mask's last one)."""
+    return table.ndim - 1 if rows.key_mask else rows.dim
+
+
+def tables_misfit(args: dict, tables: tuple[Rows, ...], length: int) -> Unmerged | None:
+    """Why a per-token table of args does not run over the `length` tokens of the block's sequence
+    where `tables` says (a key mask (B|1, ..., L): HunyuanVideo's (1, 1, L), Lumina2's (B, L)), or None."""
     for rows in tables:
         table = args.get(rows.key)
         if table is None:
             continue
-        if rows.key_mask:
-            table = merge_key_mask(table, plan, rows.start, length)
-            if isinstance(table, Unmerged):
-                return table
-        elif table.ndim <= rows.dim or table.shape[rows.dim] != length:
-            return layout_changed(f"{rows.key} of shape {tuple(table.shape)} does not have {length} rows on axis {rows.dim}")
-        else:
-            table = merge_rows(table, rows.dim, rows.start, plan)
-        merged[rows.key] = table
-    return merged
+        axis = token_axis(rows, table)
+        if table.ndim <= axis or (rows.key_mask and table.ndim < 2) or table.shape[axis] != length:
+            return layout_changed(f"{rows.key} of shape {tuple(table.shape)} does not have {length} rows on axis {axis}")
+    return None
 
 
 def unless_cut(call: Callable[[], R], options: dict | None = None) -> R | Unmerged:
@@ -191,8 +199,9 @@ def run_merged(
 ) -> R | Unmerged:
     """Run a block on merged image tokens (the `merged` of run_hook).
 
-    seq (B, L_seq, C) holds the image tokens where `span` says; args holds the per-token tables.
-    call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
+    seq (B, L_seq, C) holds the image tokens where `span` says; args holds the per-token tables and
+    the block's transformer_options (scope keys_values hands the block a copy of them, with every
+    patch and attention override they hold). call(seq_m, tables) runs the block on the merged sequence with the gathered tables;
     output(out) picks the merged sequence from its result; rebuild(out, seq') puts the unmerged
     sequence back. Returns the rebuilt result, or an Unmerged when a table has another layout or
     the block's forward patch found spans it cannot move (spans.SpansCut; nothing ran: unless_cut).
@@ -203,7 +212,7 @@ def run_merged(
     image = seq[:, span.start:span.start + n]
     plan = image_plan(ctx, slot, image, span.segments)
     if ctx.settings.scope == KEYS_VALUES:
-        return run_keys_values(ctx, plan, span.keys, seq, args, span.tables, call)
+        return run_keys_values(ctx, plan, span.keys, seq, args, span.tables, span.length, call)
     merged = merge_tables(args, span.tables, plan, span.length)
     if span.more is not None and not isinstance(merged, Unmerged):
         extra = span.more(plan)
@@ -219,13 +228,17 @@ def run_merged(
 
 def run_keys_values(
     ctx: CallContext, plan: MergePlan, keys: Keys | None, seq: torch.Tensor, args: dict, tables: tuple[Rows, ...],
-    call: Callable[[torch.Tensor, dict], R],
+    length: int, call: Callable[[torch.Tensor, dict], R],
 ) -> R | Unmerged:
     """The block on its own N tokens, its per-token tables as they are, its self-attention on the
     image keys and values merged with `plan` where `keys` says (machinery/keys_values.py). Unmerged
-    when the family places no keys, or as run_with_merged_keys says."""
+    when the family places no keys, when a table does not run over the `length` tokens where the
+    family said (the layout is not the one `keys` was read from), or as run_with_merged_keys says."""
     if keys is None:
         return Unmerged("scope keys_values: this block's self-attention keys are not located")
+    why = tables_misfit(args, tables, length)
+    if why is not None:
+        return why
     own = {rows.key: args[rows.key] for rows in tables if rows.key in args}
     return run_with_merged_keys(lambda options: call(seq, own | {"transformer_options": options}), args.get("transformer_options"), plan, keys, ctx.settings.key_mass)
 
@@ -280,11 +293,3 @@ def merge_rows(rows: torch.Tensor | None, dim: int, start: int, plan: MergePlan)
     return None if rows is None else take_span(rows, dim, start, plan)
 
 
-def merge_key_mask(mask: torch.Tensor | None, plan: MergePlan, start: int, length: int) -> torch.Tensor | None | Unmerged:
-    """Merge a key mask (B|1, ..., L) over the L = `length` keys (HunyuanVideo's (1, 1, L),
-    Lumina2's (B, L)): the destinations' columns. Unmerged for another layout."""
-    if mask is None:
-        return None
-    if mask.ndim < 2 or mask.shape[-1] != length:
-        return layout_changed(f"key mask of shape {tuple(mask.shape)} does not end in {length} keys")
-    return merge_rows(mask, mask.ndim - 1, start, plan)

@@ -136,7 +136,10 @@ def advanced_inputs() -> list:
             tooltip="block: whole transformer blocks run on merged tokens (fastest). attention: only "
             "the attention runs merged, closer to the unpatched image and slower (UNet: self- and "
             "cross-attention; Flux family: double blocks' attention, single blocks whole, as the "
-            "ToMA reference code).",
+            "ToMA reference code). keys_values: every token keeps its query, residual and MLP; only "
+            "the image keys and values of self-attention are merged, each weighing as the tokens it "
+            "stands for (text and reference keys stay exact), so only attention gets cheaper: for "
+            "long sequences (video, large images); every model family.",
         ),
         io.Boolean.Input(
             "verbose", default=False,

@@ -1,7 +1,7 @@
 """Checks every DiT family beyond Flux, SDXL and Wan must pass on its tiny ComfyUI model (the family test files
 call them with their model, latent and conditioning):
 
-- ratio 0 (every block) is bit-identical to the unpatched model;
+- ratio 0 (every block) is bit-identical to the unpatched model, in scope block and keys_values;
 - at ratio 0.5 the attention runs on fewer tokens (lengths recorded by an attention override);
 - the unpatched model is bit-identical after patched runs and keeps no ToMA state;
 - under CFG a batch of two equals two single runs, and each sample of a batch gets its own
@@ -31,12 +31,18 @@ def sample(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list,
     return tiny.sample(model, latent, positive=pos, negative=neg, **kw)
 
 
-def check_ratio_zero(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list, **kw: Any) -> torch.Tensor:
-    """Ratio 0 on every block equals the unpatched model bit for bit; returns the unpatched output.
-    kw: sampler arguments (cfg, steps)."""
+SCOPES = ("block", "keys_values")
+"""The scopes every family takes (nodes/settings.py SCOPES; "attention" is Flux's and the UNet's alone)."""
+
+
+def check_ratio_zero(tiny: Any, toma: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list,
+                     scopes: tuple[str, ...] = SCOPES, **kw: Any) -> torch.Tensor:
+    """Ratio 0 on every block equals the unpatched model bit for bit, in each of `scopes`; returns the
+    unpatched output. kw: sampler arguments (cfg, steps)."""
     baseline = sample(tiny, model, latent, pos, neg, **kw)
     assert baseline.abs().sum() > 0
-    assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0, blocks="all"), latent, pos, neg, **kw), baseline)
+    for scope in scopes:
+        assert torch.equal(sample(tiny, patch(toma, model, ratio=0.0, blocks="all", scope=scope), latent, pos, neg, **kw), baseline), scope
     return baseline
 
 
@@ -160,9 +166,10 @@ def check_passthrough_rows(
             torch.testing.assert_close(m_t[:, m_start:m_start + count], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
 
 
-def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list) -> list[tuple[torch.Tensor, ...]]:
+def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
     """(q, k, v) of every attention call of a 1-step, cfg-1 run as (B, L, H, e), whatever layout the
-    model hands its attention ((B, L, H e) split by the call's `heads`)."""
+    model hands its attention ((B, L, H e) split by the call's `heads`; SD3's values come as (B, L, H, e)),
+    and the run's output."""
     calls: list[tuple[torch.Tensor, ...]] = []
 
     def override(func, q, k, v, heads, *args, **kwargs):
@@ -170,14 +177,19 @@ def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list
         if kwargs.get("skip_reshape"):
             tensors = tuple(t.transpose(1, 2) for t in tensors)
         else:
-            tensors = tuple(t.unflatten(-1, (heads, -1)) for t in tensors)
+            tensors = tuple(t if t.ndim == 4 else t.unflatten(-1, (heads, -1)) for t in tensors)
         calls.append(tuple(t.detach().clone() for t in tensors))
         return func(q, k, v, heads, *args, **kwargs)
 
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
-    sample(tiny, clone, latent, pos, neg, steps=1, cfg=1.0)
-    return calls
+    return calls, sample(tiny, clone, latent, pos, neg, steps=1, cfg=1.0)
+
+
+def outside(spans: list[tuple[int, int]], length: int) -> list[int]:
+    """The rows of [0, length) in none of the (start, count) spans."""
+    inside = {row for start, count in spans for row in range(start, start + count)}
+    return [row for row in range(length) if row not in inside]
 
 
 def check_keys_values_rows(
@@ -188,11 +200,15 @@ def check_keys_values_rows(
     self-attention, whose inputs equal the unpatched run's) every query reaches the kernel as
     unpatched (scaled by sqrt(e'/e) beside the constant mass channel, toma_core/keys_values.py),
     the pass-through key and value rows of `kept` (see check_passthrough_rows) exactly, with mass
-    0, and N - D = `merged_tokens` image keys fewer, each with a log-mass >= 0. The block's later
-    attention calls (cross-attention) keep their keys; the run's output is finite and changed."""
+    0, and N - D = `merged_tokens` image keys fewer, each with a log-mass >= 0 that weighs it as the
+    tokens it stands for: every other row is an image row, and sum_d m_d M k_d = sum_i k_i over them
+    (each token's assignment weights sum to 1 over its destinations, toma_core/plan.py), for keys and
+    values. The block's later attention calls (cross-attention) keep their keys; the run's output is
+    finite and changed."""
     settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values"} | settings
-    plain = heads_first_inputs(tiny, model, latent, pos, neg)
-    merged = heads_first_inputs(tiny, patch(toma, model, **settings), latent, pos, neg)
+    plain, base = heads_first_inputs(tiny, model, latent, pos, neg)
+    merged, out = heads_first_inputs(tiny, patch(toma, model, **settings), latent, pos, neg)
+    assert torch.isfinite(out).all() and rel(out, base) > 1e-4
     assert len(plain) == len(merged)
     first = next((i for i, (p, m) in enumerate(zip(plain, merged)) if p[1].shape[1] != m[1].shape[1]), None)
     assert first is not None, "no attention ran on merged keys"
@@ -206,13 +222,19 @@ def check_keys_values_rows(
     for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
         for p_start, m_start, count in spans:
             torch.testing.assert_close(m_t[:, m_start:m_start + count, :, :e], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
-    if e_pad > e:
-        assert torch.equal(q_m[..., e], torch.ones_like(q_m[..., e]))
-        mass = k_m[..., e]
-        assert (mass > -1e-4).all()
-        for _, m_start, count in spans:
-            assert torch.equal(mass[:, m_start:m_start + count], torch.zeros_like(mass[:, m_start:m_start + count]))
-        assert mass.max() > 0
+    assert e_pad > e, "no log-mass channel"
+    assert torch.equal(q_m[..., e], torch.ones_like(q_m[..., e]))
+    mass = k_m[..., e]
+    assert (mass > -1e-4).all()
+    for _, m_start, count in spans:
+        assert torch.equal(mass[:, m_start:m_start + count], torch.zeros_like(mass[:, m_start:m_start + count]))
+    assert mass.max() > 0
+    image_p = outside([(start, count) for start, _, count in spans], k_p.shape[1])
+    image_m = outside([(start, count) for _, start, count in spans], k_m.shape[1])
+    assert len(image_p) - len(image_m) == merged_tokens
+    weight = (mass[:, image_m] / e_pad ** 0.5).exp()[..., None]
+    for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
+        torch.testing.assert_close((weight * m_t[:, image_m, :, :e]).sum(1), p_t[:, image_p].sum(1), rtol=1e-4, atol=1e-4)
     later = [(p, m) for p, m in zip(plain[first + 1:], merged[first + 1:]) if p[0].shape[1] != p[1].shape[1]]
     assert all(p[1].shape == m[1].shape for p, m in later)
 

@@ -126,10 +126,12 @@ def check_compile_clean(model: Any, tiny: Any, toma: Toma, caplog: pytest.LogCap
     assert compiled_run.tokens and (compiled_run.family, compiled_run.tokens) == (eager_run.family, eager_run.tokens)
 
 
-@pytest.mark.parametrize("budget", ["tile", "adaptive"])
-def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, budget: str) -> None:
+@pytest.mark.parametrize("budget, scope", [("tile", "block"), ("adaptive", "block"), ("tile", "keys_values")])
+def test_compiled_toma_is_compile_clean(plain_compiled: tuple, tiny_flux: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, budget: str, scope: str) -> None:
+    """Scope keys_values too: its attention override (a fresh one per block run, in a copy of the
+    block's transformer_options) compiles into the same two graphs."""
     _, plain_graphs, _ = plain_compiled
-    check_compile_clean(with_sdpa(tiny_flux), tiny, toma, caplog, FLUX_LATENT, plain_graphs[0], budget=budget)
+    check_compile_clean(with_sdpa(tiny_flux), tiny, toma, caplog, FLUX_LATENT, plain_graphs[0], budget=budget, scope=scope)
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +142,10 @@ def plain_sdxl_graphs(tiny_sdxl: Any, tiny: Any) -> int:
     return graphs[0]
 
 
-@pytest.mark.parametrize("scope", ["block", "attention"])
+@pytest.mark.parametrize("scope", ["block", "attention", "keys_values"])
 def test_compiled_toma_is_compile_clean_sdxl(plain_sdxl_graphs: int, tiny_sdxl: Any, tiny: Any, toma: Toma, caplog: pytest.LogCaptureFixture, scope: str) -> None:
-    """The same for the UNet family: object-patched BasicTransformerBlock forwards (scope block)
-    or attn1/attn2 patches (scope attention), one plan per level."""
+    """The same for the UNet family: object-patched BasicTransformerBlock forwards (scope block, or
+    keys_values with attn1's keys merged) or attn1/attn2 patches (scope attention), one plan per level."""
     check_compile_clean(with_sdpa(tiny_sdxl), tiny, toma, caplog, UNET_LATENT, plain_sdxl_graphs, scope=scope)
 
 

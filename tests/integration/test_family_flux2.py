@@ -105,16 +105,18 @@ def test_text_and_reference_rows_pass_through(flux2: Any, tiny: Any, toma: Any, 
     image rows fewer."""
     kept = text_and_references(TEXT, 0 if method is None else REFS)
     fc.check_passthrough_rows(tiny, toma, flux2, LATENT, *flux2_conditioning(method), kept, 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, flux2, LATENT, *flux2_conditioning(method), kept, 32, blocks=blocks)
 
 
+@pytest.mark.parametrize("scope", fc.SCOPES)
 @pytest.mark.parametrize("method", METHODS)
-def test_every_block_runs_on_merged_tokens(flux2: Any, tiny: Any, toma: Any, method: str | None, caplog: pytest.LogCaptureFixture) -> None:
+def test_every_block_runs_on_merged_tokens(flux2: Any, tiny: Any, toma: Any, method: str | None, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     """cfg 1, 1 step: 4 attention calls, each D + T (+ R) long, and the run line names the 4 blocks
     (both double, both single) and counts 4 merged block runs."""
     caplog.set_level("INFO")
     pos, neg = flux2_conditioning(method)
     refs = 0 if method is None else REFS
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, flux2, LATENT, pos, neg, cfg=1.0)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, flux2, LATENT, pos, neg, cfg=1.0, scope=scope)
     assert plain == [TEXT + 64 + refs] * 4 and merged == [TEXT + 32 + refs] * 4
     assert rel(out, base) > 1e-3
     run = fc.summary(caplog)
@@ -145,7 +147,9 @@ def test_klein_ratio_zero_and_rows(klein: Any, tiny: Any, toma: Any, method: str
     """Klein (no guidance embedding): ratio 0 bit-identical, text and reference rows pass through."""
     pos, neg = flux2_conditioning(method)
     fc.check_ratio_zero(tiny, toma, klein, LATENT, pos, neg)
-    fc.check_passthrough_rows(tiny, toma, klein, LATENT, pos, neg, text_and_references(TEXT, 0 if method is None else REFS), 32)
+    kept = text_and_references(TEXT, 0 if method is None else REFS)
+    fc.check_passthrough_rows(tiny, toma, klein, LATENT, pos, neg, kept, 32)
+    fc.check_keys_values_rows(tiny, toma, klein, LATENT, pos, neg, kept, 32)
 
 
 @pytest.mark.parametrize("size", sorted(KLEIN))
@@ -181,3 +185,4 @@ def test_longcat_text_rows_pass_through(longcat: Any, tiny: Any, toma: Any, bloc
     as unpatched; its image rows, shifted past the text in rope, lose N - D = 32."""
     pos, neg = tiny_dits.conditioning("flux", 1, PROMPT), tiny_dits.conditioning("flux", 2, PROMPT)
     fc.check_passthrough_rows(tiny, toma, longcat, LONGCAT_LATENT, pos, neg, text_and_references(PROMPT, 0), 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, longcat, LONGCAT_LATENT, pos, neg, text_and_references(PROMPT, 0), 32, blocks=blocks)

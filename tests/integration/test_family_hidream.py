@@ -39,9 +39,10 @@ def test_ratio_zero_is_bit_identical(hidream: Any, tiny: Any, toma: Any, conds: 
     fc.check_ratio_zero(tiny, toma, hidream, LATENT, *conds)
 
 
-def test_every_block_runs_on_merged_tokens(hidream: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_every_block_runs_on_merged_tokens(hidream: Any, tiny: Any, toma: Any, conds: tuple, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, hidream, LATENT, *conds)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, hidream, LATENT, *conds, scope=scope)
     assert plain == [64 + TEXT_ALL] * 4 and merged == [32 + TEXT_ALL] * 4
     assert rel(out, base) > 1e-3
     assert fc.summary(caplog).block_runs_merged == 4
@@ -94,3 +95,4 @@ def test_text_rows_pass_through_exactly(hidream: Any, tiny: Any, toma: Any, cond
         return [(plain - TEXT_ALL, merged - TEXT_ALL, TEXT_ALL)]
 
     fc.check_passthrough_rows(tiny, toma, hidream, LATENT, *conds, kept=kept, merged_tokens=32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, hidream, LATENT, *conds, kept=kept, merged_tokens=32, blocks=blocks)

@@ -107,9 +107,10 @@ def test_ratio_zero_is_bit_identical(hunyuan: Any, tiny: Any, toma: Any, conds: 
     fc.check_ratio_zero(tiny, toma, hunyuan, LATENT, *conds)
 
 
-def test_every_block_runs_on_merged_tokens(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_every_block_runs_on_merged_tokens(hunyuan: Any, tiny: Any, toma: Any, conds: tuple, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, *conds)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, hunyuan, LATENT, *conds, scope=scope)
     assert plain == REFINER + [192 + TEXT] * 4 and merged == REFINER + [96 + TEXT] * 4
     assert rel(out, base) > 1e-3
     run = fc.summary(caplog)
@@ -121,6 +122,7 @@ def test_text_rows_reach_the_double_blocks_unchanged(hunyuan: Any, tiny: Any, to
     rope row included), wherever the tree puts the text, and N - D = 96 video rows fewer."""
     rows = text_rows(tiny, hunyuan, LATENT, *conds, TEXT)
     fc.check_passthrough_rows(tiny, toma, hunyuan, LATENT, *conds, kept_spans(rows), 96)
+    fc.check_keys_values_rows(tiny, toma, hunyuan, LATENT, *conds, kept_spans(rows), 96)
 
 
 def test_text_rows_reach_the_single_blocks_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -129,6 +131,7 @@ def test_text_rows_reach_the_single_blocks_unchanged(hunyuan: Any, tiny: Any, to
     model = without_double_blocks(hunyuan)
     rows = text_rows(tiny, model, LATENT, *conds, TEXT)
     fc.check_passthrough_rows(tiny, toma, model, LATENT, *conds, kept_spans(rows), 96, blocks="single:0-1")
+    fc.check_keys_values_rows(tiny, toma, model, LATENT, *conds, kept_spans(rows), 96, blocks="single:0-1")
 
 
 @pytest.mark.parametrize("blocks", ["double:0-1", "single:0-1"])
@@ -190,18 +193,19 @@ def test_in_place_single_blocks_keep_their_change(hunyuan: Any, tiny: Any, toma:
     assert rel(merged, base) < 0.5 * rel(nothing, base)
 
 
-def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_text_mask_columns_follow_the_merge(hunyuan: Any, tiny: Any, toma: Any, scope: str) -> None:
     """A padded prompt (9 of 12 tokens) at cfg 1 (ComfyUI builds the mask at batch 1 only): every
     merged attention gets a mask of D + T keys whose text columns are the unpatched ones (the
-    padding stays masked), and ratio 0 stays exact."""
+    padding stays masked), and ratio 0 stays exact; in both scopes."""
     mask = torch.ones((1, TEXT), dtype=torch.long)
     mask[:, 9:] = 0
     pos = tiny_dits.conditioning("hunyuan_video", 1, TEXT, attention_mask=mask)
     neg = tiny_dits.conditioning("hunyuan_video", 2, TEXT)
     base = fc.sample(tiny, hunyuan, LATENT, pos, neg, cfg=1.0)
-    assert torch.equal(fc.sample(tiny, patch(toma, hunyuan, ratio=0.0, blocks="all"), LATENT, pos, neg, cfg=1.0), base)
+    assert torch.equal(fc.sample(tiny, patch(toma, hunyuan, ratio=0.0, blocks="all", scope=scope), LATENT, pos, neg, cfg=1.0), base)
     plain, plain_masks = record_attention(hunyuan, lambda b, q, k, m: m)
-    recorded, masks = record_attention(patch(toma, hunyuan, blocks="all"), lambda b, q, k, m: m)
+    recorded, masks = record_attention(patch(toma, hunyuan, blocks="all", scope=scope), lambda b, q, k, m: m)
     fc.sample(tiny, plain, LATENT, pos, neg, cfg=1.0, steps=1)
     out = fc.sample(tiny, recorded, LATENT, pos, neg, cfg=1.0, steps=1)
     assert [m.shape[-1] for m in masks[len(REFINER):]] == [96 + TEXT] * 4
@@ -233,6 +237,7 @@ def test_reference_latent_tokens_pass_through(hunyuan: Any, tiny: Any, toma: Any
     assert len(refs) == 64
     rows = text_rows(tiny, model, LATENT, pos, neg, TEXT)
     fc.check_passthrough_rows(tiny, toma, model, LATENT, pos, neg, kept_spans(refs + rows), 96, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, model, LATENT, pos, neg, kept_spans(refs + rows), 96, blocks=blocks)
 
 
 GUIDED = 64
@@ -257,6 +262,7 @@ def test_token_replace_guidance_merges_frame_zero_apart(hunyuan: Any, tiny: Any,
     model = without_double_blocks(hunyuan)
     rows = text_rows(tiny, model, LATENT, pos, neg, GUIDED)
     fc.check_passthrough_rows(tiny, toma, model, LATENT, pos, neg, kept_spans(rows), 96, blocks="single:0-1")
+    fc.check_keys_values_rows(tiny, toma, model, LATENT, pos, neg, kept_spans(rows), 96, blocks="single:0-1")
 
 
 def test_token_replace_boundary_inside_frame_zero(hunyuan: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -303,6 +309,7 @@ def test_hunyuan_image_2_1(tiny: Any, toma: Any) -> None:
     assert rel(out, base) > 1e-3
     rows = text_rows(tiny, model, (1, 64, 8, 8), pos, neg, TEXT)
     fc.check_passthrough_rows(tiny, toma, model, (1, 64, 8, 8), pos, neg, kept_spans(rows), 32)
+    fc.check_keys_values_rows(tiny, toma, model, (1, 64, 8, 8), pos, neg, kept_spans(rows), 32)
     fc.check_clone_untouched(tiny, toma, model, (1, 64, 8, 8), pos, neg)
 
 
@@ -340,6 +347,7 @@ def test_hunyuan_video_1_5(hunyuan15: Any, tiny: Any, toma: Any, blocks: str) ->
     model = hunyuan15 if double else without_double_blocks(hunyuan15)
     rows = text_rows(tiny, model, LATENT15, pos, neg, TEXT15)
     fc.check_passthrough_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks=blocks)
 
 
 @pytest.mark.parametrize("kind", ["i2v", "sr"])
@@ -365,6 +373,7 @@ def test_hunyuan_video_1_5_image_to_video_and_super_resolution(tiny: Any, toma: 
     fc.check_ratio_zero(tiny, toma, model, LATENT15, pos, neg)
     rows = text_rows(tiny, model, LATENT15, pos, neg, TEXT15)
     fc.check_passthrough_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks="double:0-1")
+    fc.check_keys_values_rows(tiny, toma, model, LATENT15, pos, neg, kept_spans(rows), 96, blocks="double:0-1")
 
 
 def test_unpatched_model_unchanged(hunyuan: Any, tiny: Any, toma: Any, conds: tuple) -> None:

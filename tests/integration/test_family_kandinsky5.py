@@ -108,6 +108,24 @@ def test_text_reaches_every_attention_exactly(video: Any, tiny: Any, toma: Any) 
         torch.testing.assert_close(m_cross[2], p_cross[2], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("latent", [VIDEO, IMAGE], ids=["video", "image"])
+def test_keys_values_merge_only_the_visual_keys(
+    video: Any, image: Any, tiny: Any, toma: Any, latent: tuple[int, ...], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scope keys_values, which rows merged: the text block's attention stays as it is; each visual
+    block's self-attention keeps its N queries and gets N - D merged keys and values (no pass-through
+    rows: the visual blocks hold the video alone); its cross-attention keeps the T text keys; every
+    visual block runs merged."""
+    model = video if len(latent) == 5 else image
+    frames = latent[2] if len(latent) == 5 else 1
+    n, d = frames * 64, kept_tokens(toma, frames)
+    caplog.set_level("INFO")
+    fc.check_keys_values_rows(tiny, toma, model, latent, *conditioning(), lambda plain, merged: [], n - d)
+    run = fc.summary(caplog)
+    assert run.block_runs_merged == VISUAL_BLOCKS and run.unmerged_calls == run.unmerged_blocks == {}, run
+    assert attention_lengths(tiny, toma, model, latent, ratio=0.5, blocks="all", scope="keys_values") == [(TEXT, TEXT)] + [(n, d), (n, TEXT)] * VISUAL_BLOCKS
+
+
 def record_plans(monkeypatch: pytest.MonkeyPatch, toma: Any) -> list:
     """Every video plan the run builds (the one plan builder, nodes/run/runtime.py CallContext.plan)."""
     runner = toma.runtime

@@ -43,24 +43,27 @@ def test_ratio_zero_is_bit_identical(lumina: Any, tiny: Any, toma: Any, conds: t
     fc.check_ratio_zero(tiny, toma, lumina, LATENT, *conds)
 
 
-def test_every_layer_runs_on_merged_tokens(lumina: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_every_layer_runs_on_merged_tokens(lumina: Any, tiny: Any, toma: Any, conds: tuple, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, *conds)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, *conds, scope=scope)
     assert plain == REFINER + [TEXT + 64] * 3
     assert merged == REFINER + [TEXT + 32] * 3
     assert rel(out, base) > 1e-3
     assert fc.summary(caplog).block_runs_merged == 3
 
 
-def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, toma: Any) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, toma: Any, scope: str) -> None:
     """Positive 12 caption tokens, negative 9 (padded mask): two calls, each merged at its own
-    offset (the negative's padded caption tokens dropped, as on ComfyUI 0.3.64, or kept, as on 0.33)."""
+    offset (the negative's padded caption tokens dropped, as on ComfyUI 0.3.64, or kept, as on 0.33);
+    in both scopes (keys_values: the key mask's columns merged)."""
     pos = tiny_dits.conditioning("lumina2", 1, TEXT)
     mask = torch.ones((1, TEXT), dtype=torch.long)
     mask[:, 9:] = 0
     neg = tiny_dits.conditioning("lumina2", 2, TEXT, attention_mask=mask)
-    fc.check_ratio_zero(tiny, toma, lumina, LATENT, pos, neg)
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, pos, neg)
+    fc.check_ratio_zero(tiny, toma, lumina, LATENT, pos, neg, scopes=(scope,))
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, lumina, LATENT, pos, neg, scope=scope)
     layers = set(plain) - set(REFINER)  # the refiner sees the padded caption
     assert layers in ({9 + 64, TEXT + 64}, {TEXT + 64})
     assert set(merged) == set(REFINER) | {length - 32 for length in layers}
@@ -69,6 +72,7 @@ def test_caption_lengths_differ_between_cond_and_uncond(lumina: Any, tiny: Any, 
 
 def test_caption_rows_pass_through_and_image_rows_merge(lumina: Any, tiny: Any, toma: Any, conds: tuple) -> None:
     fc.check_passthrough_rows(tiny, toma, lumina, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32)
+    fc.check_keys_values_rows(tiny, toma, lumina, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32)
 
 
 def layer_masks(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, neg: list) -> list[Any]:
@@ -197,9 +201,10 @@ def test_zimage_ratio_zero_is_bit_identical(zimage: Any, tiny: Any, toma: Any, c
     fc.check_ratio_zero(tiny, toma, zimage, shape, *conds)
 
 
-def test_zimage_layers_run_on_merged_tokens(zimage: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_zimage_layers_run_on_merged_tokens(zimage: Any, tiny: Any, toma: Any, conds: tuple, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, zimage, ZLATENT, *conds)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, zimage, ZLATENT, *conds, scope=scope)
     refiners = [padded(TEXT), padded(144)]
     assert plain == refiners + [padded(TEXT) + padded(144)] * 3
     assert merged == refiners + [padded(TEXT) + 72 + 16] * 3
@@ -211,6 +216,7 @@ def test_zimage_caption_and_pad_rows_pass_through(zimage: Any, tiny: Any, toma: 
     """Caption, caption pads and image pads reach the first merged attention as unpatched; the 144
     image tokens become 72."""
     fc.check_passthrough_rows(tiny, toma, zimage, ZLATENT, *conds, kept=zimage_rows(padded(TEXT), 16), merged_tokens=72)
+    fc.check_keys_values_rows(tiny, toma, zimage, ZLATENT, *conds, kept=zimage_rows(padded(TEXT), 16), merged_tokens=72)
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 17, 23), (1, 16, 10, 26)])
@@ -241,6 +247,7 @@ def test_zimage_omni_merges_only_the_image(zimage_omni: Any, tiny: Any, toma: An
     pos, neg = omni_conds()
     fc.check_ratio_zero(tiny, toma, zimage_omni, ZLATENT, pos, neg)
     fc.check_passthrough_rows(tiny, toma, zimage_omni, ZLATENT, pos, neg, kept=zimage_rows(OMNI_PREFIX, 16), merged_tokens=72)
+    fc.check_keys_values_rows(tiny, toma, zimage_omni, ZLATENT, pos, neg, kept=zimage_rows(OMNI_PREFIX, 16), merged_tokens=72)
     caplog.set_level("INFO")
     plain, merged, base, out = fc.merged_lengths(tiny, toma, zimage_omni, ZLATENT, pos, neg)
     assert OMNI_PREFIX + padded(144) in plain and OMNI_PREFIX + 72 + 16 in merged
@@ -263,6 +270,7 @@ def test_zimage_pixel_space_merges_only_the_image(zimage_pixel: Any, tiny: Any, 
     latent = (1, 3, 48, 48)
     fc.check_ratio_zero(tiny, toma, zimage_pixel, latent, *conds)
     fc.check_passthrough_rows(tiny, toma, zimage_pixel, latent, *conds, kept=zimage_rows(padded(TEXT), 16), merged_tokens=72)
+    fc.check_keys_values_rows(tiny, toma, zimage_pixel, latent, *conds, kept=zimage_rows(padded(TEXT), 16), merged_tokens=72)
     caplog.set_level("INFO")
     fc.merged_lengths(tiny, toma, zimage_pixel, latent, *conds)
     assert fc.summary(caplog).block_runs_merged == 3

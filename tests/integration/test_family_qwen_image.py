@@ -67,9 +67,10 @@ def test_ratio_zero_is_bit_identical(qwen: Any, tiny: Any, toma: Any, conds: tup
     fc.check_ratio_zero(tiny, toma, qwen, LATENT, *conds)
 
 
-def test_every_block_runs_on_merged_tokens(qwen: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_every_block_runs_on_merged_tokens(qwen: Any, tiny: Any, toma: Any, conds: tuple, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, *conds)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, *conds, scope=scope)
     assert plain == [TEXT + 64] * 3 and merged == [TEXT + 32] * 3
     assert rel(out, base) > 1e-3
     assert fc.summary(caplog).block_runs_merged == 3
@@ -134,6 +135,7 @@ def test_text_rows_pass_through_and_image_rows_merge(qwen: Any, tiny: Any, toma:
     """At the first shortened attention the T text rows are exactly the unpatched ones and the
     64-token image lost 32 rows (a pe axis the adapter misreads merges nothing)."""
     fc.check_passthrough_rows(tiny, toma, qwen, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32)
+    fc.check_keys_values_rows(tiny, toma, qwen, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32)
 
 
 def test_edit_reference_rows_pass_through(qwen: Any, tiny: Any, toma: Any) -> None:
@@ -142,6 +144,7 @@ def test_edit_reference_rows_pass_through(qwen: Any, tiny: Any, toma: Any) -> No
     pos = tiny_dits.conditioning("qwen", 1, TEXT, reference_latents=[reference()])
     neg = tiny_dits.conditioning("qwen", 2, TEXT)
     fc.check_passthrough_rows(tiny, toma, qwen, LATENT, pos, neg, kept=text_and_references(TEXT, 30), merged_tokens=32)
+    fc.check_keys_values_rows(tiny, toma, qwen, LATENT, pos, neg, kept=text_and_references(TEXT, 30), merged_tokens=32)
 
 
 def timestep_zero_conds() -> tuple[list, list]:
@@ -164,6 +167,7 @@ def test_timestep_zero_references_keep_their_modulation(qwen: Any, tiny: Any, to
     require_timestep_zero()
     pos, neg = timestep_zero_conds()
     fc.check_passthrough_rows(tiny, toma, qwen, LATENT, pos, neg, kept=text_and_references(TEXT, 30), merged_tokens=32)
+    fc.check_keys_values_rows(tiny, toma, qwen, LATENT, pos, neg, kept=text_and_references(TEXT, 30), merged_tokens=32)
     caplog.set_level("INFO")
     plain, merged, base, out = fc.merged_lengths(tiny, toma, qwen, LATENT, pos, neg)
     assert sorted(set(merged)) == [TEXT + 32, TEXT + 32 + 30]
@@ -218,6 +222,7 @@ def test_layered_latent_merges_each_frame_alone(qwen: Any, tiny: Any, toma: Any,
     require_frames(qwen)
     fc.check_ratio_zero(tiny, toma, qwen, LAYERED, *conds)
     fc.check_passthrough_rows(tiny, toma, qwen, LAYERED, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=96)
+    fc.check_keys_values_rows(tiny, toma, qwen, LAYERED, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=96)
     merged = rope_rows_of_block_one(tiny, patch(toma, qwen, blocks="all", tile_size=4), LAYERED, conds)
     full = rope_rows_of_block_one(tiny, qwen, LAYERED, conds)
     assert len(merged) == TEXT + 96 and len(full) == TEXT + 192
@@ -260,10 +265,11 @@ def test_rope_axis_and_modulation_checks_refuse_other_layouts(toma: Any) -> None
     assert qwen_image.timestep_zero(args | {"vec": torch.zeros(3, 8)}, 64).layout
 
 
-def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     """A text mask hiding the last 4 of the T text tokens (the `encoder_hidden_states_mask` every
     block gets from `_forward`) still hides them on merged blocks: every block merges, and changing
-    the hidden tokens leaves the output as it is."""
+    the hidden tokens leaves the output as it is; in both scopes."""
     mask = torch.ones((1, TEXT), dtype=torch.long)
     mask[:, -4:] = 0
     text = torch.randn((1, TEXT, 32), generator=torch.Generator().manual_seed(1))
@@ -273,8 +279,8 @@ def test_text_mask_holds_on_merged_blocks(qwen: Any, tiny: Any, toma: Any, caplo
     neg = tiny_dits.conditioning("qwen", 2, TEXT)
     if not torch.equal(fc.sample(tiny, qwen, LATENT, pos, neg, cfg=1.0), fc.sample(tiny, qwen, LATENT, changed, neg, cfg=1.0)):
         pytest.skip("ComfyUI 0.3.64's comfy.ldm.qwen_image Attention ignores the text mask")
-    fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg)
-    patched = patch(toma, qwen, tile_size=4, blocks="all")
+    fc.check_ratio_zero(tiny, toma, qwen, LATENT, pos, neg, scopes=(scope,))
+    patched = patch(toma, qwen, tile_size=4, blocks="all", scope=scope)
     caplog.set_level("INFO")
     out = fc.sample(tiny, patched, LATENT, pos, neg, cfg=1.0)
     assert fc.summary(caplog).block_runs_merged == 6

@@ -36,11 +36,12 @@ def test_ratio_zero_is_bit_identical(sd3: Any, tiny: Any, toma: Any, conds: tupl
     fc.check_ratio_zero(tiny, toma, sd3, LATENT, *conds)
 
 
-def test_every_block_runs_on_merged_tokens(sd3: Any, tiny: Any, toma: Any, conds: tuple, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", fc.SCOPES)
+def test_every_block_runs_on_merged_tokens(sd3: Any, tiny: Any, toma: Any, conds: tuple, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     """3 joint blocks: joint attention T + N -> T + D; block 0's image-only attention N -> D. The
     last (pre-only) block merges too, so its None text stream went through."""
     caplog.set_level("INFO")
-    plain, merged, base, out = fc.merged_lengths(tiny, toma, sd3, LATENT, *conds)
+    plain, merged, base, out = fc.merged_lengths(tiny, toma, sd3, LATENT, *conds, scope=scope)
     assert plain == [TEXT + 64, 64, TEXT + 64, TEXT + 64]  # one batched cond+uncond call
     assert merged == [TEXT + 32, 32, TEXT + 32, TEXT + 32]
     assert rel(out, base) > 1e-3
@@ -78,6 +79,7 @@ def test_text_rows_pass_through_exactly(sd3: Any, tiny: Any, toma: Any, conds: t
     (all) has SD3.5-Medium's x_block_self_attn, block 1 is a plain SD3 block, block 2 the last one
     (pre-only context block)."""
     fc.check_passthrough_rows(tiny, toma, sd3, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, sd3, LATENT, *conds, kept=lambda plain, merged: [(0, 0, TEXT)], merged_tokens=32, blocks=blocks)
 
 
 def test_x_block_self_attention_holds_only_merged_image_tokens(sd3: Any, tiny: Any, toma: Any, conds: tuple) -> None:
@@ -105,3 +107,26 @@ def test_register_tokens_pass_through_exactly(tiny: Any, toma: Any, conds: tuple
     forward_core_with_concat) and the text after them pass through exactly."""
     model = tiny_dits.build_sd3(seed=0, register_length=4)
     fc.check_passthrough_rows(tiny, toma, model, LATENT, *conds, kept=lambda plain, merged: [(0, 0, 4 + TEXT)], merged_tokens=32)
+    fc.check_keys_values_rows(tiny, toma, model, LATENT, *conds, kept=lambda plain, merged: [(0, 0, 4 + TEXT)], merged_tokens=32)
+
+
+def test_keys_values_merge_the_x_block_self_attention_keys_too(sd3: Any, tiny: Any, toma: Any, conds: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scope keys_values on a block with SD3.5-Medium's x_block_self_attn: both of its attention calls
+    keep every query (N image queries in the second) and take the block's plan's merge of the N image
+    keys and values (the joint one after its T text keys), each merged key carrying its log-mass."""
+    plans: list[Any] = []
+    original = toma.runtime.make_plan
+    monkeypatch.setattr(toma.runtime, "make_plan", lambda *a, **k: plans.append(original(*a, **k)) or plans[-1])
+    plain, _ = fc.heads_first_inputs(tiny, sd3, LATENT, *conds)
+    merged, _ = fc.heads_first_inputs(tiny, patch(toma, sd3, ratio=0.5, tile_size=4, blocks="double:0", scope="keys_values"), LATENT, *conds)
+    (plan,) = plans
+    assert [m[1].shape[1] for m in merged] == [TEXT + 32, 32, TEXT + 64, TEXT + 64]
+    for (q_p, k_p, v_p), (q_m, k_m, v_m), text in zip(plain[:2], merged[:2], (TEXT, 0)):
+        e, e_pad = q_p.shape[-1], q_m.shape[-1]
+        torch.testing.assert_close(q_m[..., :e] / (e_pad / e) ** 0.5, q_p, rtol=1e-5, atol=1e-5)
+        for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
+            torch.testing.assert_close(m_t[:, :text, :, :e], p_t[:, :text])
+            image = plan.merge(p_t[:, text:].flatten(2)).unflatten(-1, p_t.shape[2:])
+            torch.testing.assert_close(m_t[:, text:, :, :e], image, rtol=1e-5, atol=1e-5)
+        mass = k_m[:, text:, 0, e] / e_pad ** 0.5
+        torch.testing.assert_close(mass, plan.size_bias().to(mass), rtol=1e-5, atol=1e-5)

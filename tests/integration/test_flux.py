@@ -47,9 +47,10 @@ def zero_then_merged(tiny: Any, toma: Any, model: Any, pos: list, neg: list, ste
     return baseline, out, lengths
 
 
-def test_ratio_zero_is_bit_identical(tiny_flux: Any, tiny: Any, toma: Any) -> None:
+@pytest.mark.parametrize("scope", ["block", "attention", "keys_values"])
+def test_ratio_zero_is_bit_identical(tiny_flux: Any, tiny: Any, toma: Any, scope: str) -> None:
     baseline = tiny.sample(tiny_flux, FLUX_LATENT, seed=3)
-    assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0, blocks="all"), FLUX_LATENT, seed=3), baseline)
+    assert torch.equal(tiny.sample(patch(toma, tiny_flux, ratio=0.0, blocks="all", scope=scope), FLUX_LATENT, seed=3), baseline)
 
 
 def test_attention_runs_on_fewer_tokens(tiny_flux: Any, tiny: Any, toma: Any) -> None:
@@ -194,6 +195,7 @@ def test_timestep_zero_references_keep_their_modulation(global_modulation_flux: 
     pos, neg = kontext_conditioning(tiny, model, "index_timestep_zero")
     fc.check_ratio_zero(tiny, toma, model, FLUX_LATENT, pos, neg)
     fc.check_passthrough_rows(tiny, toma, model, FLUX_LATENT, pos, neg, text_and_references(REFS), 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, model, FLUX_LATENT, pos, neg, text_and_references(REFS), 32, blocks=blocks)
 
 
 def later_replacement(patched: Any) -> Any:
@@ -386,9 +388,10 @@ def test_merge_every_with_heun(tiny_flux: Any, tiny: Any, toma: Any, caplog: pyt
     assert (run.steps_merged, run.total_steps, run.calls_merged, run.total_calls) == (2, 3, 3, 5) and run.plans_built == 2
 
 
-def test_one_log_line_per_run(tiny_flux: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("scope", ["block", "keys_values"])
+def test_one_log_line_per_run(tiny_flux: Any, tiny: Any, toma: Any, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
-    patched = patch(toma, tiny_flux)
+    patched = patch(toma, tiny_flux, scope=scope)
     tiny.sample(patched, FLUX_LATENT, steps=2)
     tiny.sample(patched, FLUX_LATENT, steps=2)
     runs = run_records(caplog)
@@ -589,7 +592,12 @@ def test_chroma_text_rows_pass_through_exactly(tiny_chroma: Any, tiny: Any, toma
     rows reach the first merged double / single block's attention exactly as unpatched, with and
     without a text mask; the image rows lose N - D."""
     pos, neg = chroma_conditioning(chroma_text_mask() if masked else None)
-    fc.check_passthrough_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, lambda plain, merged: [(0, 0, CHROMA_TEXT)], 32, blocks=blocks)
+
+    def kept(plain: int, merged: int) -> list[tuple[int, int, int]]:
+        return [(0, 0, CHROMA_TEXT)]
+
+    fc.check_passthrough_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
+    fc.check_keys_values_rows(tiny, toma, tiny_chroma, FLUX_LATENT, pos, neg, kept, 32, blocks=blocks)
 
 
 def test_chroma_text_mask_keeps_its_text_rows_and_columns(tiny_chroma: Any, tiny: Any, toma: Any) -> None:
@@ -608,6 +616,28 @@ def test_chroma_text_mask_keeps_its_text_rows_and_columns(tiny_chroma: Any, tiny
         assert torch.equal(m_mask[..., t:, :t], p_mask[..., t:d, :t])  # every image query: the same text columns
         assert torch.equal(m_mask[..., :t, t:], p_mask[..., :t, t:d])
         assert (p_mask[..., :t, 10:14] < 0).all() and (p_mask[..., t:, 10:14] == 0).all()
+
+
+def test_chroma_text_mask_under_keys_values(tiny_chroma: Any, tiny: Any, toma: Any) -> None:
+    """Scope keys_values: the text mask reaches every merged attention with all T + N query rows and
+    T + D key columns: the text columns as unpatched, each image column one of the unpatched
+    image columns (its destination's; image keys 0-7 hidden from the text queries here)."""
+    mask = chroma_text_mask()
+    mask[:, :CHROMA_TEXT, CHROMA_TEXT:CHROMA_TEXT + 8] = -10000.0
+    pos, neg = chroma_conditioning(mask)
+    plain_model, plain = compat_support.record_attention(tiny_chroma, lambda batch, q, k, mask: mask)
+    settings = {"blocks": "all", "tile_size": 4, "scope": "keys_values"}
+    merged_model, merged = compat_support.record_attention(patch(toma, tiny_chroma, **settings), lambda batch, q, k, mask: mask)
+    tiny.sample(plain_model, FLUX_LATENT, positive=pos, negative=neg, steps=1, cfg=1.0)
+    out = tiny.sample(merged_model, FLUX_LATENT, positive=pos, negative=neg, steps=1, cfg=1.0)
+    t, n = CHROMA_TEXT, 64
+    assert len(merged) == len(plain) == 4 and torch.isfinite(out).all()
+    for p_mask, m_mask in zip(plain, merged):
+        assert p_mask.shape[-2:] == (t + n, t + n) and m_mask.shape[-2:] == (t + n, t + 32)
+        assert torch.equal(m_mask[..., :t], p_mask[..., :t].expand_as(m_mask[..., :t]))
+        columns = p_mask[0].reshape(-1, t + n)[:, t:].T
+        assert all(any(torch.equal(c, p) for p in columns) for c in m_mask[0].reshape(-1, t + 32)[:, t:].T)
+        assert (m_mask[..., :t, t:] < 0).any() and (m_mask[..., :t, t:] == 0).any()
 
 
 def test_proportional_attention_biases_merged_keys_by_cluster_size(tiny_flux: Any, tiny: Any, toma: Any) -> None:

@@ -63,7 +63,7 @@ def test_tiny_sdxl_output_depends_on_transformers(tiny_sdxl: Any, tiny: Any) -> 
 # --- merging really happens, where selected ----------------------------------------------
 
 
-@pytest.mark.parametrize("scope", ["block", "attention"])
+@pytest.mark.parametrize("scope", ["block", "attention", "keys_values"])
 def test_ratio_zero_is_bit_identical(tiny_sdxl: Any, tiny_sd15: Any, tiny: Any, toma: Any, scope: str) -> None:
     for model in (tiny_sdxl, tiny_sd15):
         baseline = tiny.sample(model, LATENT, seed=3)
@@ -519,3 +519,25 @@ def test_cross_attention_context_reaches_attention_exactly(name: str, tiny: Any,
         assert p_cross[1].shape[1] == TEXT and p_cross[0].shape[1] == n and m_cross[0].shape[1] == d
         assert torch.equal(m_cross[1], p_cross[1]) and torch.equal(m_cross[2], p_cross[2])
     assert shortened == len(plain) // 2
+
+
+@pytest.mark.parametrize("name, n", [("tiny_sdxl", 64), ("tiny_sd15", 256)])
+def test_keys_values_merge_only_attn1_keys(name: str, n: int, tiny: Any, toma: Any, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture) -> None:
+    """Scope keys_values, which rows merged: the first block's attn1 keeps its N queries and gets N - D
+    merged keys and values, each weighed by its log-mass (no pass-through rows: attn1 holds the image
+    alone); every attn2 keeps its N queries and the text context's keys and values exactly; every
+    block of the selection runs merged."""
+    import family_checks as fc
+
+    model = request.getfixturevalue(name)
+    pos, neg = tiny.make_conditioning(model, 1234), tiny.make_conditioning(model, 1235)
+    caplog.set_level(logging.INFO, logger=RUNTIME_LOGGER)
+    fc.check_keys_values_rows(tiny, toma, model, LATENT, pos, neg, lambda plain, merged: [], n // 2)
+    run = fc.summary(caplog)
+    plain = fc.attention_inputs(tiny, model, LATENT, pos, neg)
+    merged = fc.attention_inputs(tiny, patch(toma, model, blocks="all", scope="keys_values"), LATENT, pos, neg)
+    assert len(plain) == len(merged) == 2 * run.block_runs_merged and run.unmerged_blocks == {}, run
+    for (p_self, m_self), (p_cross, m_cross) in zip(zip(plain[::2], merged[::2]), zip(plain[1::2], merged[1::2])):
+        assert m_self[0].shape[1] == p_self[0].shape[1] and m_self[1].shape[1] < p_self[1].shape[1]
+        assert m_cross[0].shape[1] == p_cross[0].shape[1]
+        assert torch.equal(m_cross[1], p_cross[1]) and torch.equal(m_cross[2], p_cross[2])

@@ -96,7 +96,24 @@ def test_ratio_zero_is_bit_identical(wan: Any, tiny: Any, toma: Any, kind: str) 
     mask = {"noise_mask": wan.first_frame_mask(latent_of(wan, model))} if kind == "ti2v" else {}
     plain = run(wan, tiny, model, **mask)
     assert plain.abs().sum() > 0
-    assert torch.equal(run(wan, tiny, patch(toma, model, ratio=0.0, blocks="all"), **mask), plain)
+    for scope in ("block", "keys_values"):
+        assert torch.equal(run(wan, tiny, patch(toma, model, ratio=0.0, blocks="all", scope=scope), **mask), plain), scope
+
+
+@pytest.mark.parametrize("kind", ["t2v", "i2v", "ti2v"])
+def test_keys_values_merge_only_the_video_keys(wan: Any, tiny: Any, toma: Any, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Scope keys_values, which rows merged: the first block's self-attention keeps its N queries and
+    gets N - D video keys and values fewer (T2V, I2V, the 5B TI2V), the cross-attention to the text
+    (and I2V's CLIP image tokens) keeps every key; the run line counts the 3 blocks merged."""
+    import family_checks as fc
+
+    model = wan.build_wan(kind)
+    latent = latent_of(wan, model)
+    pos, neg = wan.conditioning(model, 1, latent), wan.conditioning(model, 2, latent)
+    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+        fc.check_keys_values_rows(tiny, toma, model, latent, pos, neg, lambda plain, merged: [], 240 - kept_tokens(toma, 5, 6, 8))
+    record = compat_support.run_records(caplog)[-1]
+    assert record.block_runs_merged == 3 and record.unmerged_blocks == record.unmerged_calls == {}, record
 
 
 def test_self_attention_runs_on_merged_tokens_and_text_is_never_merged(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
@@ -375,6 +392,7 @@ def test_pass_through_frame_rows_reach_attention_exactly(wan: Any, tiny: Any, to
         return [(0, 0, rows)] if kind == "fun_ref" else [(plain - rows, merged - rows, rows)]
 
     fc.check_passthrough_rows(tiny, toma, model, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
+    fc.check_keys_values_rows(tiny, toma, model, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
 
 
 BERNINI = ((5, 12, 16), (1, 9, 7))
@@ -438,6 +456,7 @@ def test_bernini_tokens_reach_attention_exactly(wan: Any, tiny: Any, toma: Any, 
         return [(plain - BERNINI_TOKENS, merged - BERNINI_TOKENS, BERNINI_TOKENS)]
 
     fc.check_passthrough_rows(tiny, toma, t2v, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
+    fc.check_keys_values_rows(tiny, toma, t2v, latent, pos, neg, kept, 240 - kept_tokens(toma, 5, 6, 8), blocks="all")
 
 
 def test_bernini_beside_a_per_frame_vec_runs_unmerged(wan: Any, tiny: Any, toma: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -470,3 +489,16 @@ def test_vace_blocks_see_every_token_exactly_as_unpatched(wan: Any, tiny: Any, t
     for p_call, m_call in full:
         for p_t, m_t in zip(p_call, m_call):
             assert torch.equal(m_t, p_t)
+
+
+def test_vace_blocks_keep_every_key_under_keys_values(wan: Any, tiny: Any, toma: Any) -> None:
+    """Scope keys_values on VaceWanModel: the 3 main blocks' self-attention loses N - D keys and
+    keeps its N queries; the vace blocks' attention (self and cross) is exactly as unpatched."""
+    model = wan.build_wan("vace")
+    plain, merged = wan_attention(wan, tiny, model, patch(toma, model, scope="keys_values"))
+    n, d = 5 * 6 * 8, kept_tokens(toma, 5, 6, 8)
+    assert len(plain) == len(merged)
+    assert all(m[0].shape[1] == n for m in merged)
+    shortened = [m for m in merged if m[1].shape[1] == d]
+    exact = [p for p, m in zip(plain, merged) if all(p_t.shape == m_t.shape and torch.equal(p_t, m_t) for p_t, m_t in zip(p, m))]
+    assert len(shortened) == 3 and len(exact) >= 6  # 3 vace blocks x (self, cross)
