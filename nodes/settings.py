@@ -24,11 +24,17 @@ CALL_KEY = "comfyui_toma_call"
 """transformer_options key of the per-model-call context (set by the APPLY_MODEL wrapper)."""
 
 KEYS_VALUES = "keys_values"
-SCOPES = ("block", "attention", KEYS_VALUES)
-"""block: whole transformer blocks run on merged tokens. attention: only attention runs merged (UNet:
+AUTO_SCOPE = "auto"
+SCOPES = (AUTO_SCOPE, "block", "attention", KEYS_VALUES)
+"""auto: the scope the model's family merges best at a given speed-up (families/registry.py
+Family.scope, chosen from docs/quality.md's scope study), resolved when the node patches a model.
+block: whole transformer blocks run on merged tokens. attention: only attention runs merged (UNet:
 attn1/attn2; Flux family: double blocks' attention, single blocks whole, as the reference code).
 keys_values: every token keeps its query, residual and MLP; only the keys and values of the image
 tokens in self-attention are merged, nothing is unmerged (machinery/keys_values.py)."""
+
+NODE_SCOPE = AUTO_SCOPE
+"""The nodes' scope: each family's own (registry.py Family.scope). ToMASettings keeps "block"."""
 
 NODE_RATIO = 0.5
 NODE_TILE_SIZE = 8
@@ -80,7 +86,9 @@ class ToMASettings:
     toma_core.UNMERGES (how a merged block's result returns to N tokens). tile_frames: latent
     frames a tile spans in video models (Wan, HunyuanVideo); image models ignore it. key_mass: scope
     keys_values weighs each merged key by the tokens it stands for (its log-mass in the softmax,
-    toma_core/keys_values.py); False only to measure what that weight buys (bench/quality).
+    toma_core/keys_values.py); None: as the model's family does (registry.py Family.key_mass, from
+    bench/quality/key_mass.py), True / False to measure what that weight buys. scope "auto" and
+    key_mass None are resolved per family when a model is patched (Family.resolve).
     """
 
     ratio: float = 0.5
@@ -96,7 +104,7 @@ class ToMASettings:
     verbose: bool = False
     unmerge: str = "delta"
     tile_frames: int = NODE_TILE_FRAMES
-    key_mass: bool = True
+    key_mass: bool | None = None
 
     def __post_init__(self) -> None:
         check_ratio(self.ratio)
@@ -115,9 +123,11 @@ class ToMASettings:
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
         check_blocks_text(self.blocks)
-        for name in ("verbose", "proportional_attention", "key_mass"):
+        for name in ("verbose", "proportional_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.key_mass is not None and not isinstance(self.key_mass, bool):
+            raise ValueError(f"key_mass={self.key_mass!r} must be True, False or None (the family's choice)")
 
     @property
     def merges(self) -> bool:

@@ -59,3 +59,19 @@ def test_package_files_stay_small(folder: str) -> None:
     long = {p.name: n for p in (PACK_ROOT / folder).glob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines: {long}"
 
+
+
+@pytest.mark.parametrize("family", registry.FAMILIES, ids=lambda f: f.name)
+def test_resolve_makes_auto_the_family_choice(family) -> None:
+    """Scope "auto" and key_mass None become the family's own choices; explicit values stay as given."""
+    settings = pack_module("nodes.settings")
+    auto = family.resolve(settings.ToMASettings(scope="auto"))
+    assert (auto.scope, auto.key_mass) == (family.scope, family.key_mass)
+    assert auto.scope in settings.SCOPES and auto.scope != "auto"
+    chosen = family.resolve(settings.ToMASettings(scope="block", key_mass=not family.key_mass))
+    assert (chosen.scope, chosen.key_mass) == ("block", not family.key_mass)
+
+
+def test_video_families_default_to_keys_values() -> None:
+    """The scope study's decision (docs/quality.md): keys_values on the video families, block on the images."""
+    assert {f.name for f in registry.FAMILIES if f.scope == "keys_values"} == {f.name for f in registry.FAMILIES if f.video}

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..contract import FamilyAdapter
 from ..run.gain import CostModel, DitCost
-from ..settings import ToMASettings
+from ..settings import AUTO_SCOPE, KEYS_VALUES, ToMASettings
 from . import (
     flux,
     hidream,
@@ -47,7 +47,9 @@ class Family:
     the UNet names its blocks by level, families/unet_blocks.py); cost: how the cost model prices it
     (run/gain.py); title, models, how, limits: its README row; node_models: how the nodes'
     description and model tooltip name it; blocks_example: a `blocks` list for the Advanced node's
-    tooltip, valid on every model of the family; video: it reads `tile_frames`."""
+    tooltip, valid on every model of the family; video: it reads `tile_frames`. scope: what scope
+    "auto" runs on it, key_mass: whether its keys_values merge weighs each merged key by its mass
+    (both chosen from the scope study on the trained fixtures, docs/quality.md)."""
 
     name: str
     classes: tuple[str, ...]
@@ -61,6 +63,14 @@ class Family:
     node_models: str
     blocks_example: str
     video: bool = False
+    scope: str = "block"
+    key_mass: bool = True
+
+    def resolve(self, settings: ToMASettings) -> ToMASettings:
+        """`settings` with scope "auto" and key_mass None made this family's choices."""
+        scope = self.scope if settings.scope == AUTO_SCOPE else settings.scope
+        key_mass = self.key_mass if settings.key_mass is None else settings.key_mass
+        return replace(settings, scope=scope, key_mass=key_mass)
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -115,7 +125,7 @@ FAMILIES: tuple[Family, ...] = (
         "HunyuanVideo (T2V, custom I2V, image-to-video v2), HunyuanVideo 1.5 (ComfyUI 0.33), HunyuanImage 2.1",
         "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of `tile_frames` (default 4) frames x `tile_size` x `tile_size`). Text tokens (before or after the video, as each ComfyUI lays them out), the text mask and reference-latent tokens pass through unmerged.",
         "No `scope = attention`, no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
-        "HunyuanVideo", "double:5-19", video=True,
+        "HunyuanVideo", "double:5-19", video=True, scope=KEYS_VALUES, key_mass=False,
     ),
     Family(
         "wan", ("comfy.ldm.wan.model:WanModel",), wan.apply,
@@ -123,7 +133,7 @@ FAMILIES: tuple[Family, ...] = (
         "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE, Bernini (ComfyUI 0.33); S2V runs unmerged",
         "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames and Bernini's in-context tokens pass through.",
         "No `scope = attention`, no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
-        "Wan", "blocks:5-29", video=True,
+        "Wan", "blocks:5-29", video=True, scope=KEYS_VALUES, key_mass=False,
     ),
     Family(
         "kandinsky5", ("comfy.ldm.kandinsky5.model:Kandinsky5",), kandinsky5.apply,
@@ -131,7 +141,7 @@ FAMILIES: tuple[Family, ...] = (
         "Kandinsky 5.0 Video Lite / Pro (T2V, I2V), Image Lite (ComfyUI 0.33)",
         "Object-patches each selected visual block (`blocks:` in `blocks`); spatio-temporal tiles as for Wan (frame 0 alone); text is cross-attention and never merged, the text blocks run as they are; merged tokens take their destinations' rope rows.",
         "No `scope = attention`, no `proportional_attention`. Tested on tiny models of ComfyUI's class; quality not measured on real weights.",
-        "Kandinsky 5", "blocks:5-29", video=True,
+        "Kandinsky 5", "blocks:5-29", video=True, scope=KEYS_VALUES, key_mass=False,
     ),
     Family(
         "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), hidream.apply,

@@ -28,6 +28,7 @@ def patch_model(model, settings: ToMASettings):
     Raises ValueError for an unsupported model class or settings the family cannot honour.
     """
     family = detect_family(model)
+    settings = family.resolve(settings)
     patched = model.clone()
     adapter = apply_family(family, patched, settings)
     cost = family.cost.profile(patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)

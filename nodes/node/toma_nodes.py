@@ -15,6 +15,7 @@ from ..families.registry import blocks_examples, node_models, video_models
 from ..settings import (
     NODE_MIN_TOKENS,
     NODE_RATIO,
+    NODE_SCOPE,
     NODE_START_PERCENT,
     NODE_TILE_FRAMES,
     NODE_TILE_SIZE,
@@ -132,8 +133,9 @@ def advanced_inputs() -> list:
             "attention; adds an attention bias, which some fast attention kernels do not take.",
         ),
         io.Combo.Input(
-            "scope", options=list(SCOPES), default=SCOPES[0],
-            tooltip="block: whole transformer blocks run on merged tokens (fastest). attention: only "
+            "scope", options=list(SCOPES), default=NODE_SCOPE,
+            tooltip="auto (default): the scope that keeps the most of the image at a given speed-up on "
+            "this model's family (keys_values for video models, block for images). block: whole transformer blocks run on merged tokens (fastest). attention: only "
             "the attention runs merged, closer to the unpatched image and slower (UNet: self- and "
             "cross-attention; Flux family: double blocks' attention, single blocks whole, as the "
             "ToMA reference code). keys_values: every token keeps its query, residual and MLP; only "
@@ -184,7 +186,9 @@ class ToMAPatch(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, ratio, tile_size, start_percent, end_percent, recompute_every, merge_every) -> io.NodeOutput:
-        settings = build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, min_tokens=NODE_MIN_TOKENS)
+        settings = build_settings(
+            ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, min_tokens=NODE_MIN_TOKENS, scope=NODE_SCOPE,
+        )
         return io.NodeOutput(patch_model(model, settings))
 
 
