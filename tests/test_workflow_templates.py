@@ -67,6 +67,16 @@ def test_toma_nodes_have_one_value_per_widget(path):
             assert 0 <= ratio < 1 and tile_size >= 1
 
 
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_toma_nodes_of_a_template_run_the_same_settings(path):
+    """A template with a ToMA node per model (Wan 2.2's two experts) sets them alike, so its note,
+    its thumbnail and the first node's settings describe them all; a comparison template may differ."""
+    if "compare" in path.stem:
+        pytest.skip("a comparison template sets its ToMA nodes apart")
+    settings = {(n["type"], json.dumps(n["widgets_values"])) for n in check_workflow(path)["nodes"] if n["type"] in PACK_NODES}
+    assert len(settings) == 1, f"{path.name}: its ToMA nodes differ: {sorted(settings)}"
+
+
 def test_no_orphan_thumbnails():
     stems = {path.stem for path in WORKFLOWS}
     orphans = [jpg.name for jpg in EXAMPLES.glob("*.jpg") if jpg.stem not in stems]
@@ -77,6 +87,8 @@ SAMPLER_WIDGETS = {"KSampler": {"steps": 2, "cfg": 3}, "KSamplerAdvanced": {"ste
 """Index of steps and cfg in the core samplers' widgets_values."""
 TOMA_WIDGETS = {"ratio": 0, "tile_size": 1, "start_percent": 2}
 """Index of the settings a note quotes in the ToMA nodes' widgets_values (both nodes share the order)."""
+SCOPE_WIDGET = 11
+"""Index of `scope` in ToMA Patch (Advanced)'s widgets_values (the basic node runs scope "block")."""
 QUOTED = re.compile(r"--(cfg|steps|ratio|tile-size|start-percent) ([\d.]+)|\b(ratio|tile_size|start_percent) ([\d.]+)")
 
 
@@ -219,3 +231,6 @@ def test_thumbnail_caption_is_the_templates_name_and_settings(path):
     assert quoted.keys() == TOMA_WIDGETS.keys(), caption
     for setting, value in quoted.items():
         assert _widget_values(workflow, setting) == {value}, f"{path.name}: thumbnail says {setting} {value:g}; run python -m bench.publish.make_thumbnails"
+    first = next(n for n in workflow["nodes"] if n["type"] in PACK_NODES)
+    scope = first["widgets_values"][SCOPE_WIDGET] if first["type"] == "ToMAPatchAdvanced" else "block"
+    assert (f"scope {scope}" in caption) == (scope != "block"), f"{path.name}: the caption does not say scope {scope}: {caption!r}"
