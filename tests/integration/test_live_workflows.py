@@ -139,6 +139,7 @@ def test_shipped_workflow_runs_and_merges(live_server: LiveServer, object_info, 
 
     ids = toma_ids(prompt)
     records = run_records(run.log)
+    log.info("%s run lines:\n%s", path.stem, "\n".join(record.line() for record in records))
     assert len(records) == len(ids), f"expected {len(ids)} ToMA run lines (one per patched model), got {records}\n{run.log[-3000:]}"
     for record, node_id in zip(records, ids):
         check_run_record(record, family_of_workflow(prompt), prompt[node_id]["inputs"])
