@@ -87,8 +87,11 @@ SAMPLER_WIDGETS = {"KSampler": {"steps": 2, "cfg": 3}, "KSamplerAdvanced": {"ste
 """Index of steps and cfg in the core samplers' widgets_values."""
 TOMA_WIDGETS = {"ratio": 0, "tile_size": 1, "start_percent": 2}
 """Index of the settings a note quotes in the ToMA nodes' widgets_values (both nodes share the order)."""
-SCOPE_WIDGET = 11
-"""Index of `scope` in ToMA Patch (Advanced)'s widgets_values (the basic node runs scope "block")."""
+ADVANCED_WIDGETS = {"scope": 11, "tile_frames": 15}
+"""Index of settings only ToMA Patch (Advanced) shows in its widgets_values (the basic node runs scope
+"block" and the default tile_frames)."""
+ADVANCED_QUOTED = re.compile(r"\b(scope) (block|attention|keys_values)\b|\b(tile_frames) (\d+)\b")
+"""A note's `scope keys_values` or `tile_frames 4` (not a quoted option such as "scope 'attention'")."""
 QUOTED = re.compile(r"--(cfg|steps|ratio|tile-size|start-percent) ([\d.]+)|\b(ratio|tile_size|start_percent) ([\d.]+)")
 
 
@@ -103,6 +106,22 @@ def _widget_values(workflow: dict, setting: str) -> set[float]:
     if setting in TOMA_WIDGETS:
         return {float(n["widgets_values"][TOMA_WIDGETS[setting]]) for n in workflow["nodes"] if n["type"] in PACK_NODES}
     return {float(n["widgets_values"][SAMPLER_WIDGETS[n["type"]][setting]]) for n in workflow["nodes"] if n["type"] in SAMPLER_WIDGETS}
+
+
+def _scope(node: dict) -> str:
+    return node["widgets_values"][ADVANCED_WIDGETS["scope"]] if node["type"] == "ToMAPatchAdvanced" else "block"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_notes_quote_the_advanced_nodes_own_scope_and_tile_frames(path):
+    """A note that quotes the scope or tile_frames of its ToMA nodes quotes the values they run."""
+    workflow = check_workflow(path)
+    toma = [n for n in workflow["nodes"] if n["type"] in PACK_NODES]
+    running = {"scope": {_scope(n) for n in toma},
+               "tile_frames": {str(n["widgets_values"][ADVANCED_WIDGETS["tile_frames"]]) for n in toma if n["type"] == "ToMAPatchAdvanced"}}
+    for match in (m for note in _notes(workflow) for m in ADVANCED_QUOTED.finditer(note)):
+        setting, value = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+        assert running[setting] == {value}, f"{path.name}: the note quotes {setting} {value}, the workflow runs {running[setting]}"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -231,6 +250,5 @@ def test_thumbnail_caption_is_the_templates_name_and_settings(path):
     assert quoted.keys() == TOMA_WIDGETS.keys(), caption
     for setting, value in quoted.items():
         assert _widget_values(workflow, setting) == {value}, f"{path.name}: thumbnail says {setting} {value:g}; run python -m bench.publish.make_thumbnails"
-    first = next(n for n in workflow["nodes"] if n["type"] in PACK_NODES)
-    scope = first["widgets_values"][SCOPE_WIDGET] if first["type"] == "ToMAPatchAdvanced" else "block"
+    scope = _scope(next(n for n in workflow["nodes"] if n["type"] in PACK_NODES))
     assert (f"scope {scope}" in caption) == (scope != "block"), f"{path.name}: the caption does not say scope {scope}: {caption!r}"
