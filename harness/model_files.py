@@ -17,6 +17,9 @@ ComfyUI's detection fixes what cannot shrink, so the files are as small as detec
 - ``wan_unet``: a Wan 2.1 / 2.2 T2V DiT (detection reads its width and depth: 128 wide, one head,
   one block; the text input stays 4096 wide, as CLIP-L padded by ``CLIPLoader(type="sd3")``).
   ``UNETLoader``.
+- ``wan_lora``: a LoRA for ``wan_unet``'s model on every linear layer of its blocks (what a
+  Wan 2.2 LightX2V 4-step LoRA patches), rank 4, in ComfyUI's generic LoRA keys.
+  ``LoraLoaderModelOnly``.
 - ``wan_vae``: the Wan 2.1 VAE (detection fixes its layout: 127M parameters, fp16).
   ``VAELoader``.
 - ``flux_gguf_q8_0``: ``flux_unet``'s model in GGUF Q8_0 (ComfyUI-GGUF's loader).
@@ -174,6 +177,32 @@ def wan_unet(path: Path, seed: int = 0) -> Path:
 
     module = comfy.ldm.wan.model.WanModel(dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init, **WAN_UNET_CONFIG)
     return _save(_filled(module, seed), path)
+
+
+WAN_LORA_RANK = 4
+WAN_LORA_SCALE = 0.1
+"""A LoRA update of about this share of each layer's weight: it changes the clip, and the model
+stays as well-behaved as ``wan_unet``'s own initialisation."""
+
+
+def wan_lora(path: Path, seed: int = 6) -> Path:
+    """A LoRA file for ``wan_unet``'s model: ``diffusion_model.<layer>.lora_up.weight`` /
+    ``.lora_down.weight`` / ``.alpha`` for every ``nn.Linear`` of its ``blocks`` (self- and
+    cross-attention, FFN), the generic keys ``comfy.lora.model_lora_keys_unet`` maps on both trees;
+    alpha = rank (scale 1), fp16."""
+    import comfy.ldm.wan.model
+    import comfy.ops
+
+    module = comfy.ldm.wan.model.WanModel(dtype=torch.float32, device="meta", operations=comfy.ops.disable_weight_init, **WAN_UNET_CONFIG)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, layer in module.named_modules():
+        if name.startswith("blocks.") and isinstance(layer, torch.nn.Linear):
+            key = f"diffusion_model.{name}"
+            down = torch.randn(WAN_LORA_RANK, layer.in_features, generator=generator) / layer.in_features ** 0.5
+            up = torch.randn(layer.out_features, WAN_LORA_RANK, generator=generator) * WAN_LORA_SCALE / WAN_LORA_RANK ** 0.5
+            tensors |= {f"{key}.lora_down.weight": down.half(), f"{key}.lora_up.weight": up.half(), f"{key}.alpha": torch.tensor(float(WAN_LORA_RANK))}
+    return _save(tensors, path)
 
 
 def wan_vae(path: Path) -> Path:

@@ -67,6 +67,16 @@ def test_toma_nodes_have_one_value_per_widget(path):
             assert 0 <= ratio < 1 and tile_size >= 1
 
 
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_toma_nodes_of_a_template_run_the_same_settings(path):
+    """A template with a ToMA node per model (Wan 2.2's two experts) sets them alike, so its note,
+    its thumbnail and the first node's settings describe them all; a comparison template may differ."""
+    if "compare" in path.stem:
+        pytest.skip("a comparison template sets its ToMA nodes apart")
+    settings = {(n["type"], json.dumps(n["widgets_values"])) for n in check_workflow(path)["nodes"] if n["type"] in PACK_NODES}
+    assert len(settings) == 1, f"{path.name}: its ToMA nodes differ: {sorted(settings)}"
+
+
 def test_no_orphan_thumbnails():
     stems = {path.stem for path in WORKFLOWS}
     orphans = [jpg.name for jpg in EXAMPLES.glob("*.jpg") if jpg.stem not in stems]
@@ -77,6 +87,11 @@ SAMPLER_WIDGETS = {"KSampler": {"steps": 2, "cfg": 3}, "KSamplerAdvanced": {"ste
 """Index of steps and cfg in the core samplers' (and ToMA Compare's) widgets_values."""
 TOMA_WIDGETS = {"ratio": 0, "tile_size": 1, "start_percent": 2}
 """Index of the settings a note quotes in the ToMA nodes' widgets_values (both nodes share the order)."""
+ADVANCED_WIDGETS = {"scope": 11, "tile_frames": 15}
+"""Index of settings only ToMA Patch (Advanced) shows in its widgets_values (the basic node runs scope
+"block" and the default tile_frames)."""
+ADVANCED_QUOTED = re.compile(r"\b(scope) (block|attention|keys_values)\b|\b(tile_frames) (\d+)\b")
+"""A note's `scope keys_values` or `tile_frames 4` (not a quoted option such as "scope 'attention'")."""
 QUOTED = re.compile(r"--(cfg|steps|ratio|tile-size|start-percent) ([\d.]+)|\b(ratio|tile_size|start_percent) ([\d.]+)")
 
 
@@ -91,6 +106,22 @@ def _widget_values(workflow: dict, setting: str) -> set[float]:
     if setting in TOMA_WIDGETS:
         return {float(n["widgets_values"][TOMA_WIDGETS[setting]]) for n in workflow["nodes"] if n["type"] in PATCH_NODES}
     return {float(n["widgets_values"][SAMPLER_WIDGETS[n["type"]][setting]]) for n in workflow["nodes"] if n["type"] in SAMPLER_WIDGETS}
+
+
+def _scope(node: dict) -> str:
+    return node["widgets_values"][ADVANCED_WIDGETS["scope"]] if node["type"] == "ToMAPatchAdvanced" else "block"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_notes_quote_the_advanced_nodes_own_scope_and_tile_frames(path):
+    """A note that quotes the scope or tile_frames of its ToMA nodes quotes the values they run."""
+    workflow = check_workflow(path)
+    toma = [n for n in workflow["nodes"] if n["type"] in PACK_NODES]
+    running = {"scope": {_scope(n) for n in toma},
+               "tile_frames": {str(n["widgets_values"][ADVANCED_WIDGETS["tile_frames"]]) for n in toma if n["type"] == "ToMAPatchAdvanced"}}
+    for match in (m for note in _notes(workflow) for m in ADVANCED_QUOTED.finditer(note)):
+        setting, value = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+        assert running[setting] == {value}, f"{path.name}: the note quotes {setting} {value}, the workflow runs {running[setting]}"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -219,3 +250,5 @@ def test_thumbnail_caption_is_the_templates_name_and_settings(path):
     assert quoted.keys() == TOMA_WIDGETS.keys(), caption
     for setting, value in quoted.items():
         assert _widget_values(workflow, setting) == {value}, f"{path.name}: thumbnail says {setting} {value:g}; run python -m bench.publish.make_thumbnails"
+    scope = _scope(next(n for n in workflow["nodes"] if n["type"] in PACK_NODES))
+    assert (f"scope {scope}" in caption) == (scope != "block"), f"{path.name}: the caption does not say scope {scope}: {caption!r}"

@@ -8,8 +8,8 @@ as the template's title. Each picture is a scikit-image sample photograph cut in
 tile grid and the destination tokens that `toma_core.make_plan` picks at the ratio and tile size set in
 that workflow's (first) ToMA node. The plan comes from bench/publish/demo.py (`reconstruct`), so the
 thumbnail shows exactly what the demo computes. The caption under it (the template's name, its ToMA
-node's ratio, tile_size and start_percent, the token counts) is also stored as the JPEG's comment, where
-tests/test_workflow_templates.py checks it against the template.
+node's ratio, tile_size and start_percent, its scope where not "block", the token counts) is also stored
+as the JPEG's comment, where tests/test_workflow_templates.py checks it against the template.
 
 Needs pillow and scikit-image (`pip install -e ".[demo]"`). Deterministic: same inputs, same files.
 """
@@ -28,6 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_workflows"
 ASSETS = REPO / "assets"
 PACK_NODE_TYPES = ("ToMAPatch", "ToMAPatchAdvanced")
+SCOPE_WIDGET = {"ToMAPatchAdvanced": 11}
+"""Index of `scope` in a ToMA node's widgets_values (nodes/node/toma_nodes.py: basic_inputs, then
+advanced_inputs); the basic node runs scope "block"."""
+BLOCK_SCOPE, KEYS_VALUES_SCOPE = "block", "keys_values"
 SAMPLE_IMAGES = {"sdxl": "chelsea", "wan": "rocket"}
 """Workflow name prefix (lower case) -> scikit-image sample picture (any other name gets the astronaut)."""
 
@@ -112,11 +116,22 @@ def thumbnail(rec, tile_size: int, caption: list[str]):
     return canvas
 
 
+def toma_scope(workflow: dict) -> str:
+    """The scope of the first ToMA node in a UI-format workflow."""
+    node = next(node for node in workflow["nodes"] if node.get("type") in PACK_NODE_TYPES)
+    index = SCOPE_WIDGET.get(node["type"])
+    return BLOCK_SCOPE if index is None else str(node["widgets_values"][index])
+
+
 def caption(name: str, workflow: dict, rec) -> list[str]:
-    """The template's name, its ToMA node's settings (as the node's widgets name them) and the tokens kept."""
+    """The template's name, its ToMA node's settings (as the node's widgets name them; the scope where
+    not "block") and the tokens kept (of the keys and values, scope keys_values)."""
     ratio, tile_size, start_percent = toma_settings(workflow)
-    return [name, f"ToMA: ratio {ratio:g}, tile_size {tile_size}, start_percent {start_percent:g}",
-            f"{rec.h} x {rec.w} tokens: {rec.h * rec.w} -> {rec.plan.num_kept} in {tile_size} x {tile_size} tiles (red = kept)"]
+    scope = toma_scope(workflow)
+    settings = f"ToMA: ratio {ratio:g}, tile_size {tile_size}, start_percent {start_percent:g}"
+    kept = "keys and values" if scope == KEYS_VALUES_SCOPE else "tokens"
+    return [name, settings if scope == BLOCK_SCOPE else f"{settings}, scope {scope}",
+            f"{rec.h} x {rec.w} {kept}: {rec.h * rec.w} -> {rec.plan.num_kept} in {tile_size} x {tile_size} tiles (red = kept)"]
 
 
 def workflow_thumbnail(path: Path):

@@ -12,11 +12,12 @@ CPU test must:
   checkpoint (320 channels, 2 levels) for ``CheckpointLoaderSimple`` (SDXL's layout cannot shrink);
   on ComfyUI 0.33 also a Flux.2 [klein]-style DiT (1 double + 1 single block), a Z-Image DiT at full
   width with one main layer, and a 128-channel TAESD pair in ``vae_approx`` for the Flux.2 VAE
-  (``VAELoader``'s "taef2");
+  (``VAELoader``'s "taef2"); for ``LoraLoaderModelOnly``, a rank-4 LoRA on every linear layer of the
+  test's Wan (one per expert, as the LightX2V 4-step LoRAs);
 - the text-encoder loader where the real one cannot be made small: ``DualCLIPLoader`` (CLIP-L +
   T5-XXL) becomes ``CLIPLoader(type="sd3")`` with a CLIP-L, which pads to Flux's 4096 channels;
 - size and length: 256x256 images, 128x128 videos of 5 frames, ``STEPS`` sampler steps (KSampler,
-  KSamplerAdvanced, Flux2Scheduler), and ``start_percent`` 0 on the ToMA node, because with 2 steps
+  KSamplerAdvanced, Flux2Scheduler), and ``start_percent`` 0 on the ToMA nodes, because with 2 steps
   the shipped window holds no step.
 
 Templates of models a ComfyUI tree lacks (Flux.2 and Z-Image on 0.3.64: ``NEEDS_CLASS`` of the files
@@ -60,6 +61,8 @@ FILES = {
     "flux": "diffusion_models/toma_test_flux_1x1.safetensors",
     "wan_high": "diffusion_models/toma_test_wan_high.safetensors",
     "wan_low": "diffusion_models/toma_test_wan_low.safetensors",
+    "wan_lora_high": "loras/toma_test_wan_lora_high.safetensors",
+    "wan_lora_low": "loras/toma_test_wan_lora_low.safetensors",
     "clip_l": "text_encoders/toma_test_clip_l.safetensors",
     "taef1": "vae/toma_test_taef1.safetensors",
     "wan_vae": "vae/toma_test_wan_2.1_vae.safetensors",
@@ -73,6 +76,8 @@ SWAPS = {
     "flux1-dev.safetensors": "flux",
     "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "wan_high",
     "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": "wan_low",
+    "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors": "wan_lora_high",
+    "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors": "wan_lora_low",
     "ae.safetensors": "taef1",
     "wan_2.1_vae.safetensors": "wan_vae",
     "sd_xl_base_1.0.safetensors": "sd15",
@@ -85,7 +90,7 @@ workflow needs its file made too)."""
 LOADER_NAMES = {"taef2": "taef2"}
 """FILES key -> the name the loader lists where it is not the file's (VAELoader lists a
 ``vae_approx`` TAESD pair by its name)."""
-LOADERS = {"UNETLoader": "unet_name", "VAELoader": "vae_name", "CheckpointLoaderSimple": "ckpt_name"}
+LOADERS = {"UNETLoader": "unet_name", "VAELoader": "vae_name", "CheckpointLoaderSimple": "ckpt_name", "LoraLoaderModelOnly": "lora_name"}
 TEXT_LOADERS = ("DualCLIPLoader", "CLIPLoader")
 """T5-XXL, umT5-XXL and Qwen3-4B cannot be made small: CLIP-L through CLIPLoader(type="sd3"), padded to
 4096 (the test's Flux.2 and Z-Image files take 4096-wide text)."""
@@ -139,6 +144,7 @@ def make_model_files(models: Path) -> list[Path]:
     makers = {
         "flux": model_files.flux_unet, "wan_high": lambda p: model_files.wan_unet(p, seed=0),
         "wan_low": lambda p: model_files.wan_unet(p, seed=1), "clip_l": model_files.clip_l,
+        "wan_lora_high": lambda p: model_files.wan_lora(p, seed=6), "wan_lora_low": lambda p: model_files.wan_lora(p, seed=7),
         "taef1": model_files.taesd_vae, "wan_vae": model_files.wan_vae, "sd15": model_files.sd15_checkpoint,
         "flux2": model_files.flux2_unet, "zimage": model_files.zimage_unet,
         "taef2": lambda p: model_files.taesd_half(p, "decoder"), "taef2_encoder": lambda p: model_files.taesd_half(p, "encoder"),
@@ -161,7 +167,8 @@ def with_steps(node: dict[str, Any], steps: int) -> None:
 
 def for_cpu(prompt: wa.Prompt, object_info: dict[str, Any], files: dict[str, str], name: str) -> wa.Prompt:
     """The shipped prompt with this test's model files, text-encoder loader, size and length."""
-    prompt = wa.set_inputs(prompt, "ToMAPatch", start_percent=0.0)  # 2 steps: the 0.75 window holds none
+    for toma in TOMA_NODES:  # 2 steps: the shipped 0.75 window holds none
+        prompt = wa.set_inputs(prompt, toma, start_percent=0.0)
     for node in prompt.values():
         if node["class_type"] in LOADERS:
             key = LOADERS[node["class_type"]]

@@ -2,9 +2,11 @@
 
 The prompts: the shipped workflows made CPU-sized on test-made model files (live_prompts.py).
 
-Checked per workflow: status success, an image written, ToMA's run line with the token counts the
-tiling implies (N = grid tokens, D = per-tile round(n * (1 - ratio))) and what the run gained, and
-ratio 0 bit-identical to the same prompt without the ToMA node. The basic node's min_tokens is
+Checked per workflow: status success, an image (a video: every frame) written, one ToMA run line per
+ToMA node (a Wan template: one per expert) with the node's scope, the token counts the tiling implies
+(N = grid tokens, D = per-tile round(n * (1 - ratio))) and what the run gained, every LoRA key
+applied (and the LoRA loaders changing the output), and ratio 0 bit-identical to the same prompt
+without the ToMA nodes. The basic node's min_tokens is
 "auto": the cost model leaves calls of these small test models unmerged where merging would not
 pay, and the line says so; the merging checks run the same prompt with each ToMA Patch replaced by
 ToMA Patch (Advanced) at min_tokens 0 (``forced``). Bad widget values come back as ComfyUI validation or
@@ -26,6 +28,7 @@ from live_prompts import (
     EXAMPLES,
     LATENT_FRAMES,
     SIZE,
+    TOMA_NODES,
     VIDEO_FRAMES,
     VIDEO_SIZE,
     expected_grids,
@@ -42,6 +45,8 @@ from harness.pack import pack_module
 log = logging.getLogger(__name__)
 
 AUTO_REASON = "min_tokens auto: merging"
+LORA_NOT_LOADED = "lora key not loaded"
+"""comfy/lora.py's warning for a LoRA key that patches no layer of the model."""
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +67,19 @@ def runs() -> dict[tuple[str, str], Run]:
 
 
 def forced(prompt: wa.Prompt, object_info: dict[str, Any]) -> wa.Prompt:
-    """The prompt with every ToMA Patch replaced by ToMA Patch (Advanced) with the same inputs and
-    min_tokens 0 (a number, as a workflow saved before min_tokens took "auto"): merging on these
-    small models whatever the cost model predicts."""
+    """The prompt with every ToMA Patch replaced by ToMA Patch (Advanced) with the same inputs, and
+    every ToMA Patch (Advanced) at min_tokens 0 (a number, as a workflow saved before min_tokens
+    took "auto"): merging on these small models whatever the cost model predicts."""
     for node_id in wa.nodes_of(prompt, "ToMAPatch"):
         advanced = wa.api_node(object_info, "ToMAPatchAdvanced", **prompt[node_id]["inputs"], min_tokens=0)
         prompt = wa.replace_node(prompt, node_id, advanced)
+    return wa.set_inputs(prompt, "ToMAPatchAdvanced", min_tokens=0)
+
+
+def with_ratio(prompt: wa.Prompt, ratio: float) -> wa.Prompt:
+    """The prompt with ``ratio`` on every ToMA node, basic or Advanced."""
+    for kind in TOMA_NODES:
+        prompt = wa.set_inputs(prompt, kind, ratio=ratio)
     return prompt
 
 
@@ -101,9 +113,11 @@ def assert_success(run: Run) -> None:
 
 
 def check_run_record(record: Any, family: str, toma: dict[str, Any]) -> None:
-    """A forced run's record (live_prompts.run_records): every step merged, the token counts of
-    ToMA's tiling on the expected grids, and a gain stated."""
+    """A forced run's record (live_prompts.run_records): the node's scope, every step merged, the
+    token counts of ToMA's tiling on the expected grids, and a gain stated."""
     assert record.family == family, record
+    scope = toma.get("scope", "block")
+    assert (f"scope {scope}," in record.settings) == (scope != "block"), record  # ToMASettings.describe names a scope other than block
     assert record.steps_merged == record.total_steps > 0, record  # start_percent 0: every step merged
     assert record.tokens and set(record.tokens) <= expected_grids(family), record
     frames = LATENT_FRAMES if family == "wan" else 1  # video: the grid is per latent frame
@@ -125,9 +139,11 @@ def test_shipped_workflow_runs_and_merges(live_server: LiveServer, object_info, 
 
     ids = toma_ids(prompt)
     records = run_records(run.log)
+    log.info("%s run lines:\n%s", path.stem, "\n".join(record.line() for record in records))
     assert len(records) == len(ids), f"expected {len(ids)} ToMA run lines (one per patched model), got {records}\n{run.log[-3000:]}"
     for record, node_id in zip(records, ids):
         check_run_record(record, family_of_workflow(prompt), prompt[node_id]["inputs"])
+    assert LORA_NOT_LOADED not in run.log, run.log[-3000:]  # comfy/lora.py: a LoRA key matched no layer
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -150,7 +166,7 @@ def test_ratio_zero_is_bit_identical_to_no_toma(live_server: LiveServer, object_
     without = prompt
     for node_id in toma_ids(prompt):
         without = wa.remove_node(without, node_id, "model")
-    zero = shared_run(live_server, runs, (path.stem, "ratio0"), wa.set_inputs(prompt, "ToMAPatch", ratio=0.0))
+    zero = shared_run(live_server, runs, (path.stem, "ratio0"), with_ratio(prompt, 0.0))
     plain = shared_run(live_server, runs, (path.stem, "plain"), without)
     merged = shared_run(live_server, runs, (path.stem, "forced"), forced(prompt, object_info))
     for run in (zero, plain, merged):
@@ -161,6 +177,27 @@ def test_ratio_zero_is_bit_identical_to_no_toma(live_server: LiveServer, object_
     assert not run_records(plain.log) and "ToMA [" not in plain.log, "a prompt without the ToMA node printed a ToMA line"
     # Evidence that the comparison can fail: the merged run (ratio from the workflow) differs.
     assert (media_frames(live_server, merged.images()[0]) != reference).any(), "ToMA at its ratio left the image unchanged"
+
+
+LORA_TEMPLATES = [path for path in EXAMPLES if '"LoraLoaderModelOnly"' in path.read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("path", LORA_TEMPLATES, ids=lambda p: p.stem)
+def test_lora_loaders_change_the_output(live_server: LiveServer, prompts, runs, path: Path):
+    """The test-made LoRA files patch the test's model (else the template would run ToMA on the bare
+    model): the prompt without ToMA differs from the same prompt without its LoRA loaders too."""
+    plain = prompt_of(prompts, path)
+    for node_id in toma_ids(plain):
+        plain = wa.remove_node(plain, node_id, "model")
+    bare = plain
+    for node_id in wa.nodes_of(plain, "LoraLoaderModelOnly"):
+        bare = wa.remove_node(bare, node_id, "model")
+    with_lora = shared_run(live_server, runs, (path.stem, "plain"), plain)
+    without = shared_run(live_server, runs, (path.stem, "no LoRA"), bare)
+    for run in (with_lora, without):
+        assert_success(run)
+    assert LORA_NOT_LOADED not in with_lora.log, with_lora.log[-3000:]
+    assert (media_frames(live_server, with_lora.images()[0]) != media_frames(live_server, without.images()[0])).any()
 
 
 def node_error_details(answer: dict[str, Any]) -> str:
