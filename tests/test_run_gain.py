@@ -61,7 +61,7 @@ def sample(state, clock: FakeClock, merged_s, unmerged_s, sigmas=SIGMAS, shape=(
         options = {"sigmas": torch.tensor([sigma]), "sample_sigmas": torch.tensor(sigmas),
                    "cond_or_uncond": [0, 1][:batch], "uuids": ["a", "b"][:batch], settings_mod.TOMA_KEY: state}
 
-        def executor(*args, **kwargs):
+        def executor(*args, step=step, **kwargs):
             ctx = args[5][settings_mod.CALL_KEY]
             if ctx.merge:
                 ctx.record_block(True)
@@ -303,7 +303,7 @@ STARTS = [settings_mod.NODE_START_PERCENT, 0.0]
 
 @pytest.mark.parametrize("start", STARTS)
 def test_a_predicted_loss_that_measures_faster_merges_within_a_four_step_run(start):
-    state, record = close_run(WAN_FIXTURE, FIXTURE_LATENT, start, merged_s=1.0, unmerged_s=1.31)
+    _, record = close_run(WAN_FIXTURE, FIXTURE_LATENT, start, merged_s=1.0, unmerged_s=1.31)
     timed = 1 if start == 0 else 0  # with every step merging, the first call runs unmerged to be timed
     assert record.unmerged_calls.get(gain_mod.AUTO_TIMING, 0) == timed
     assert record.calls_merged == record.steps_merged == (4 if start == 0 else 2) - timed
@@ -327,7 +327,7 @@ def test_a_predicted_gain_that_measures_slower_stops_after_one_merged_call(start
 def test_merged_calls_stay_measured_and_a_stop_is_final():
     """Merging confirmed by the first merged call, then merged calls turn slow: merging stops, and
     unmerged calls that turn slow after the stop do not restart it."""
-    state, record = close_run(WAN_SHAPED, SHAPED_LATENT, 0.0, merged_s=lambda step: 0.8 if step == 1 else 5.0,
+    _, record = close_run(WAN_SHAPED, SHAPED_LATENT, 0.0, merged_s=lambda step: 0.8 if step == 1 else 5.0,
                               unmerged_s=lambda step: 2.0 if step == 0 else 10.0, count=8)
     assert record.calls_merged == 2  # steps 1 (timed, 2.5x faster) and 2 (5 s: median 2.9 s, 0.69x)
     assert record.unmerged_calls == {gain_mod.AUTO_TIMING: 1, gain_mod.auto_stop_reason(2.0 / 2.9): 5}

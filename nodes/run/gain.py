@@ -293,10 +293,11 @@ class CallTimer:
         if verdict is None or not verdict.stopped:
             timing = verdict is None or verdict.measured is None
             decided = judge(predicted is None or predicted >= AUTO_MIN_SPEEDUP, *self.finished(key, wait=timing))
-            if decided.measured is not None and (timing or not decided.merge):
-                log.info("ToMA: %s", Measured(key[1], key[0], decided.measured, predicted, decided.merge).text())
-            self.verdicts[key], self.predicted[key] = decided, predicted
-            verdict = decided
+            if timing or not decided.merge:  # kept: the measurement that decided, until merging stops
+                if decided.measured is not None:
+                    log.info("ToMA: %s", Measured(key[1], key[0], decided.measured, predicted, decided.merge).text())
+                self.verdicts[key], self.predicted[key] = decided, predicted
+                verdict = decided
         if verdict.merge:
             return None
         return AUTO_TIMING if verdict.measured is None else auto_stop_reason(verdict.measured)
@@ -307,7 +308,8 @@ class CallTimer:
         return {key: verdict.measured for key, verdict in self.verdicts.items() if verdict.stopped}
 
     def measured(self) -> tuple[Measured, ...]:
-        """What min_tokens "auto" measured in this run: one entry per shape it decided by measurement."""
+        """What min_tokens "auto" measured in this run: one entry per shape it decided by measurement,
+        with the measurement that decided (a stop's, once merging stopped)."""
         return tuple(
             Measured(key[1], key[0], verdict.measured, self.predicted[key], verdict.merge)
             for key, verdict in self.verdicts.items() if verdict.measured is not None

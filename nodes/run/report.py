@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .config import ToMAConfig
-from .gain import AUTO_MEASURED, AUTO_OUTCOMES, MEASURED_GAIN, PREDICTED_GAIN, Gain, Measured, gain_text
+from .gain import (
+    AUTO_MEASURED,
+    AUTO_OUTCOMES,
+    MEASURED_GAIN,
+    PREDICTED_GAIN,
+    Gain,
+    Measured,
+    gain_text,
+)
 
 if TYPE_CHECKING:
     from ..settings import ToMASettings
