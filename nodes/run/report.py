@@ -1,11 +1,10 @@
 """The one-line summary of a sampling run: what ToMA merged, what ran unmerged and why, whether it
 was bypassed, cancelled or stopped by an error, what min_tokens "auto" measured and what it gained
-(gain.py); and the
-warning for a schedule that merges (almost) none of a run's steps. RunStats is filled eagerly by
-the wrappers (wrappers.py) and the block hooks (CallContext.record_block); at the end of a run
-`run_record` turns it into a RunRecord, the line's facts as fields, which `RunRecord.line` prints,
-wrappers.py logs with the line (LogRecord attribute TOMA_RUN) and `parse_run_line` reads back
-from the line's text (e.g. a server log)."""
+(gain.py); and the warning for a schedule that merges (almost) none of a run's steps. RunStats is
+filled eagerly by the wrappers (wrappers.py) and the block hooks (CallContext.record_block); at the
+end of a run `run_record` turns it into a RunRecord, the line's facts as fields, which
+`RunRecord.line` prints, wrappers.py logs with the line (LogRecord attribute TOMA_RUN) and
+`parse_run_line` reads back from the line's text (e.g. a server log)."""
 
 from __future__ import annotations
 
