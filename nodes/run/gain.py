@@ -16,8 +16,8 @@ shape, and the run is deterministic. Where the range holds AUTO_MIN_SPEEDUP (`Pr
 run measures instead (`CallTimer.measured_veto`; the decision is `judge`, a pure function of the
 measured durations): it times an unmerged call of that shape (one outside the sigma window, or else
 the first merge-eligible one, run unmerged for it), then a merged one, and from the next call on the
-measurement decides wherever it clearly contradicts the prediction (AUTO_STOP_BELOW,
-AUTO_START_ABOVE). Merged calls stay measured: a shape measured clearly slower merged stops merging
+measurement decides, against the bar the prediction had to clear (AUTO_MIN_SPEEDUP). Merged calls
+stay measured: once merging, a shape measured clearly slower merged (AUTO_STOP_BELOW) stops merging
 for the rest of the run. A wrong prediction is so corrected in either direction by a shape's third
 call, within a 4-step run, and the run line says what was measured and decided. Under torch.compile
 (the first call of each kind compiles) the prediction decides.
@@ -172,15 +172,11 @@ class TimedCall:
 
 
 AUTO_STOP_BELOW = 0.9
-"""min_tokens "auto" stops merging a shape predicted to gain once its merged calls measure below this
+"""min_tokens "auto" stops merging a shape it measured merging once its merged calls measure below this
 speed-up: clearly slower, not just slower. Stopping changes the image of the rest of the run, and on
 a loaded machine a call's clock is noisy (on this project's CPU consecutive unpatched runs differ by
-4.5-12 % in time, docs/quality.md "Few-step runs"), so a measurement overrules the prediction only
-beyond that noise."""
-
-AUTO_START_ABOVE = AUTO_MIN_SPEEDUP / AUTO_STOP_BELOW
-"""min_tokens "auto" merges a shape predicted not to gain once its merged calls measure at least this
-speed-up: AUTO_MIN_SPEEDUP cleared by the same noise margin (about 1.17x)."""
+4.5-12 % in time, docs/quality.md "Few-step runs"), so more merged calls do not undo the first
+measurement unless they are slower beyond that noise."""
 
 
 @dataclass(frozen=True)
@@ -198,20 +194,20 @@ class Verdict:
         return self.measured is not None and not self.merge
 
 
-def judge(predicted_merge: bool, unmerged: Sequence[float], merged: Sequence[float]) -> Verdict:
+def judge(merging: bool, unmerged: Sequence[float], merged: Sequence[float]) -> Verdict:
     """min_tokens "auto" where the prediction is close: the decision for the next call of a shape, a
     pure function of the seconds of its finished unmerged and merged calls in this run. Until both
-    have been timed: an unmerged call first, then a merged one. Then the measured speed-up decides
-    where it clearly contradicts the prediction: a shape predicted to gain (`predicted_merge`) stops
-    merging below AUTO_STOP_BELOW, one predicted not to gain merges from AUTO_START_ABOVE; in between
-    the prediction stands."""
+    have been timed: an unmerged call first, then a merged one. Then the measured speed-up (median
+    unmerged over median merged) decides: merge when it is at least AUTO_MIN_SPEEDUP, the bar the
+    prediction had to clear; once `merging` (a measurement made it merge), stop only below
+    AUTO_STOP_BELOW."""
     if not unmerged:
         return Verdict(False)
     if not merged:
         return Verdict(True)
     fast = statistics.median(merged)
     ratio = statistics.median(unmerged) / fast if fast > 0 else math.inf
-    return Verdict(ratio >= (AUTO_STOP_BELOW if predicted_merge else AUTO_START_ABOVE), ratio)
+    return Verdict(ratio >= (AUTO_STOP_BELOW if merging else AUTO_MIN_SPEEDUP), ratio)
 
 
 AUTO_TIMING = "timed unmerged by min_tokens auto (the prediction is within the cost model's error)"
@@ -285,14 +281,14 @@ class CallTimer:
         self._marks.append((key, merged, start, end))
 
     def measured_veto(self, key: CallKey, predicted: float | None) -> str | None:
-        """min_tokens "auto", before a merge-eligible call of `key` whose prediction (`predicted`, its
-        speed-up; None without a cost model) is close: why it runs unmerged, or None when it merges
-        (`judge` of the shape's finished calls; a stop is final). While the shape is still to be
+        """min_tokens "auto", before a merge-eligible call of `key` whose prediction is close: why it
+        runs unmerged, or None when it merges (`judge` of the shape's finished calls; a stop is final).
+        predicted: the prediction's speed-up, for the run line (None without a cost model). While the shape is still to be
         timed, the calls before are waited for (CUDA), so that the decision is in time."""
         verdict = self.verdicts.get(key)
         if verdict is None or not verdict.stopped:
             timing = verdict is None or verdict.measured is None
-            decided = judge(predicted is None or predicted >= AUTO_MIN_SPEEDUP, *self.finished(key, wait=timing))
+            decided = judge(not timing and verdict.merge, *self.finished(key, wait=timing))
             if timing or not decided.merge:  # kept: the measurement that decided, until merging stops
                 if decided.measured is not None:
                     log.info("ToMA: %s", Measured(key[1], key[0], decided.measured, predicted, decided.merge).text())
