@@ -12,8 +12,8 @@ was not calibrated on, such as a GPU).
 
 min_tokens "auto" merges a call where its whole range is at least AUTO_MIN_SPEEDUP and runs it
 unmerged where its whole range is below: there the prediction decides, a pure function of the call's
-shape, and the run is deterministic. Where the range holds AUTO_MIN_SPEEDUP (`Prediction.close`) the
-run measures instead (`CallTimer.measured_veto`; the decision is `judge`, a pure function of the
+shape, and the run does not depend on the clock. Where the range holds AUTO_MIN_SPEEDUP
+(`Prediction.close`), or without a cost model, the run measures instead (`CallTimer.measured_veto`; the decision is `judge`, a pure function of the
 measured durations): it times an unmerged call of that shape (one outside the sigma window, or else
 the first merge-eligible one, run unmerged for it), then a merged one, and from the next call on the
 measurement decides, against the bar the prediction had to clear (AUTO_MIN_SPEEDUP). Merged calls
