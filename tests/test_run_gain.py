@@ -1,6 +1,8 @@
 """What a run says about itself, without ComfyUI: the measured gain (from recorded call times on an
 injected clock), the cost model's figure where no unmerged call ran, the warning when merged calls
-were slower, min_tokens "auto", ratio 0 reported as such, and schedules that merge (almost) no step."""
+were slower, min_tokens "auto" (the prediction where it is sure; where it is close, the run's timing:
+`judge` with given durations, then whole runs through the APPLY_MODEL wrapper on an injected clock),
+ratio 0 reported as such, and schedules that merge (almost) no step."""
 
 from __future__ import annotations
 
@@ -50,21 +52,24 @@ def state_of(sigmas=SIGMAS, cost_profile=None, **kwargs) -> runtime.RunState:
     return state
 
 
-def sample(state, clock: FakeClock, merged_s: float, unmerged_s: float, sigmas=SIGMAS) -> None:
-    """One model call per step through the APPLY_MODEL wrapper; a merged call runs its blocks merged
-    and takes merged_s on the clock, an unmerged one unmerged_s."""
-    for sigma in sigmas[:-1]:
+def sample(state, clock: FakeClock, merged_s, unmerged_s, sigmas=SIGMAS, shape=(2, 4, 8, 8)) -> None:
+    """One model call per step through the APPLY_MODEL wrapper on a latent of `shape` (B, C, H, W:
+    H x W image tokens, cond and uncond when B is 2); a merged call runs its blocks merged and takes
+    merged_s on the clock, an unmerged one unmerged_s (seconds, or a function of the step's index)."""
+    batch = shape[0]
+    for step, sigma in enumerate(sigmas[:-1]):
         options = {"sigmas": torch.tensor([sigma]), "sample_sigmas": torch.tensor(sigmas),
-                   "cond_or_uncond": [0, 1], "uuids": ["a", "b"], settings_mod.TOMA_KEY: state}
+                   "cond_or_uncond": [0, 1][:batch], "uuids": ["a", "b"][:batch], settings_mod.TOMA_KEY: state}
 
-        def executor(*args, **kwargs):
+        def executor(*args, step=step, **kwargs):
             ctx = args[5][settings_mod.CALL_KEY]
             if ctx.merge:
                 ctx.record_block(True)
-            clock.now += merged_s if ctx.merge else unmerged_s
+            seconds = merged_s if ctx.merge else unmerged_s
+            clock.now += seconds(step) if callable(seconds) else seconds
             return args[0]
 
-        wrappers.apply_model_wrapper(executor, torch.zeros(2, 4, 8, 8), torch.tensor([sigma]), None, torch.zeros(2, 5, 3), None, options)
+        wrappers.apply_model_wrapper(executor, torch.zeros(shape), torch.tensor([sigma]), None, torch.zeros(batch, 5, 3), None, options)
 
 
 def gain_of(state):
@@ -125,13 +130,14 @@ def test_slower_merged_calls_warn_and_name_the_widget(caplog, min_tokens, widget
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_calls_are_timed_with_events_read_at_the_end():
     timer = gain_mod.CallTimer(lambda: pytest.fail("the CPU clock timed a CUDA call"))
-    x = torch.randn(256, 256, device="cuda")
+    x = torch.randn(2048, 2048, device="cuda")
     for merged in (False, True, True):
         start = timer.start(x)
-        (x @ x).sum()
+        for _ in range(20):
+            x = torch.tanh(x @ x)
         timer.stop(start, (1, 256, 0), merged)
-    torch.cuda.current_stream().synchronize()  # auto reads only finished events: let them finish
-    assert timer.finished_ratio((1, 256, 0)) > 0
+    unmerged, merged = timer.finished((1, 256, 0), wait=True)  # auto waits for the calls' ends: no sync before
+    assert len(unmerged) == 1 and len(merged) == 2 and min(unmerged + merged) > 0
     assert all(c.seconds > 0 for c in timer.calls())
 
 
@@ -139,6 +145,7 @@ def test_auto_runs_a_call_unmerged_where_the_cost_model_predicts_no_gain():
     tiny = gain_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
     wide = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
     for profile, merges in ((tiny, False), (wide, True)):
+        assert not profile.predict(64, 5, "cpu", 2).close  # sure either way: the prediction decides
         state = state_of(cost_profile=profile, min_tokens="auto")
         sample(state, FakeClock(), 1.0, 1.0)
         assert (state.stats.merged_calls > 0) is merges
@@ -209,8 +216,8 @@ def test_a_loss_reads_as_slower():
 
 
 def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, unmerged_s: float) -> runtime.RunState:
-    """A `count`-step run (no cost profile: auto's cost model predicts nothing, so the measurement
-    decides) whose merged calls take merged_s on the timer's clock, unmerged ones unmerged_s."""
+    """A `count`-step run (no cost profile: auto has no prediction, so the measurement decides) whose
+    merged calls take merged_s on the timer's clock, unmerged ones unmerged_s."""
     clock = FakeClock()
     state = state_of(steps(count), schedule=core.MergeSchedule(start, 1.0), min_tokens=min_tokens)
     state.timer = gain_mod.CallTimer(clock)
@@ -220,31 +227,133 @@ def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, u
 
 def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
     state = long_run(8, 0.5, "auto", merged_s=3.0, unmerged_s=2.0)  # steps 0-3 unmerged, 4-7 in the window
-    assert state.stats.merged_calls == gain_mod.AUTO_MIN_MERGED == 2
-    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain_of(state)))
-    assert record.unmerged_calls.get("merging measured slower (0.67x) at this size, stopped by min_tokens auto") == 2, record
-    assert record.steps_merged == 2 and record.total_steps == 8
+    assert state.stats.merged_calls == 1  # the one merged call it timed
+    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain_of(state), state.timer.measured()))
+    assert record.unmerged_calls.get("merging measured 1.50x slower at this size, stopped by min_tokens auto") == 3, record
+    assert record.steps_merged == 1 and record.total_steps == 8
+    assert record.auto == (gain_mod.Measured(64, 2, 1 / 1.5, None, False),)
 
 
 @pytest.mark.parametrize("min_tokens, merged_s, merged", [
     ("auto", 1.0, 4),  # faster
-    ("auto", 2.0 / (gain_mod.AUTO_STOP_BELOW + 0.05), 4),  # slower, but within a noisy clock's reach: no flip
+    ("auto", lambda step: 1.0 if step == 4 else 2.0 / (gain_mod.AUTO_STOP_BELOW + 0.05), 4),  # then slower within a noisy clock's reach: no flip
     (0, 3.0, 4),  # a number always merges
 ])
 def test_auto_keeps_merging_faster_calls_and_a_number_always_merges(min_tokens, merged_s, merged):
     state = long_run(8, 0.5, min_tokens, merged_s=merged_s, unmerged_s=2.0)
     assert state.stats.merged_calls == merged
-    assert not any("measured slower" in reason for reason in state.stats.unmerged_calls)
+    assert not any("stopped by min_tokens auto" in reason for reason in state.stats.unmerged_calls)
 
 
-def test_auto_judges_only_finished_calls_of_the_same_shape():
+# The two shapes of the report this answers, as their cost profiles (DitCost's view at tile 8 x 4
+# frames): the trained Wan fixture (width 64, 4 of 6 blocks merged, 2,304 tokens), predicted 0.82x
+# where merged calls measured 1.31x faster; a Wan-shaped model (width 256, 3 of 4 blocks merged,
+# 1,680 tokens), predicted 1.24x where merged calls measured 1.21-4.72x slower. Both run cfg 1.
+WAN_FIXTURE = gain_mod.CostProfile((cost.BlockCost(64, 4, joint=False, merged=True), cost.BlockCost(64, 2, joint=False)), 64, 0.5, 256)
+WAN_SHAPED = gain_mod.CostProfile((cost.BlockCost(256, 3, joint=False, merged=True), cost.BlockCost(256, 1, joint=False)), 256, 0.5, 256)
+FIXTURE_LATENT, SHAPED_LATENT = (1, 4, 48, 48), (1, 4, 40, 42)
+"""Latents of 2,304 and 1,680 image tokens (FakeAdapter: one token per latent pixel), batch 1."""
+
+
+def test_both_predictions_of_the_report_are_close_and_a_real_size_one_is_not():
+    fixture, shaped = WAN_FIXTURE.predict(2304, 5), WAN_SHAPED.predict(1680, 5)
+    assert fixture.close and not fixture.merge and round(fixture.speedup, 2) == 0.82
+    assert shaped.close and shaped.merge and round(shaped.speedup, 2) == 1.24
+    flux = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5, 64)
+    assert not flux.predict(4096, 512).close and flux.predict(4096, 512).merge  # Flux.1-dev at 1024 px: merges, as predicted
+    assert flux.predict(4096, 512, "cuda").close  # not calibrated on a GPU: measured there
+    on_gpu = WAN_SHAPED.predict(1680, 5, "cuda")
+    assert not on_gpu.close and not on_gpu.merge  # far below on a GPU (launch-bound plan): unmerged, as predicted
+
+
+@pytest.mark.parametrize("merging, unmerged, merged, merge, measured", [
+    (False, [], [], False, None),  # time one unmerged call first (every call would merge, or none)
+    (False, [1.31, 1.31], [], True, None),  # then merge one to time it
+    (False, [1.31, 1.31], [1.0], True, 1.31),  # (a) predicted no gain, measured 1.31x faster: merges
+    (False, [1.0, 1.0], [1.32], False, 1 / 1.32),  # (b) predicted a gain, measured 1.32x slower: stops
+    (False, [gain_mod.AUTO_MIN_SPEEDUP + 0.01], [1.0], True, gain_mod.AUTO_MIN_SPEEDUP + 0.01),  # the prediction's bar
+    (False, [gain_mod.AUTO_MIN_SPEEDUP - 0.01], [1.0], False, gain_mod.AUTO_MIN_SPEEDUP - 0.01),
+    (True, [1.0], [1 / 0.95], True, 0.95),  # once merging: slower within the clock's noise goes on merging
+    (True, [1.0], [1 / (gain_mod.AUTO_STOP_BELOW - 0.01)], False, gain_mod.AUTO_STOP_BELOW - 0.01),  # clearly slower stops
+    (True, [1.0, 1.0, 9.0], [0.5, 1.6, 1.7], False, 1 / 1.6),  # medians: one stray call moves nothing
+])
+def test_judge_decides_from_measured_durations(merging, unmerged, merged, merge, measured):
+    verdict = gain_mod.judge(merging, unmerged, merged)
+    assert verdict.merge is merge
+    assert verdict.measured == (None if measured is None else pytest.approx(measured))
+
+
+def close_run(profile, latent, start: float, merged_s, unmerged_s, count: int = 4):
+    """A `count`-step, cfg 1 run at min_tokens auto with `profile`'s predictions (window start_percent
+    `start`), timed on a fake clock; its state and the record its run line reads back as."""
+    clock = FakeClock()
+    state = state_of(steps(count), profile, schedule=core.MergeSchedule(start, 1.0), min_tokens="auto")
+    state.timer = gain_mod.CallTimer(clock)
+    sample(state, clock, merged_s, unmerged_s, steps(count), latent)
+    line = report.format_report(state.config, state.stats, 0, gain_of(state), state.timer.measured())
+    return state, report.parse_run_line(line)
+
+
+STARTS = [settings_mod.NODE_START_PERCENT, 0.0]
+"""The node's default window (steps 2 and 3 of 4 merge) and every step merging."""
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_a_predicted_loss_that_measures_faster_merges_within_a_four_step_run(start):
+    _, record = close_run(WAN_FIXTURE, FIXTURE_LATENT, start, merged_s=1.0, unmerged_s=1.31)
+    timed = 1 if start == 0 else 0  # with every step merging, the first call runs unmerged to be timed
+    assert record.unmerged_calls.get(gain_mod.AUTO_TIMING, 0) == timed
+    assert record.calls_merged == record.steps_merged == (4 if start == 0 else 2) - timed
+    (measured,) = record.auto
+    assert (measured.tokens, measured.batch, measured.merge) == (2304, 1, True)
+    assert measured.speedup == pytest.approx(1.31) and measured.predicted < 1.0
+    assert "predicted 1.22x slower: merged from then on" in measured.text()
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_a_predicted_gain_that_measures_slower_stops_after_one_merged_call(start):
+    state, record = close_run(WAN_SHAPED, SHAPED_LATENT, start, merged_s=1.32, unmerged_s=1.0)
+    assert record.calls_merged == 1
+    stop = gain_mod.auto_stop_reason(1 / 1.32)
+    assert record.unmerged_calls == ({gain_mod.AUTO_TIMING: 1, stop: 2} if start == 0 else {"outside the sigma window": 2, stop: 1})
+    assert record.auto == (gain_mod.Measured(1680, 1, 1 / 1.32, 1.24, False),)
+    assert "merged 1.32x slower than unmerged, predicted 1.24x faster: unmerged from then on" in record.line()
+    assert state.timer.stopped == {(1, 1680, 5): pytest.approx(1 / 1.32)}
+
+
+def test_merged_calls_stay_measured_and_a_stop_is_final():
+    """Merging confirmed by the first merged call, then merged calls turn slow: merging stops, and
+    unmerged calls that turn slow after the stop do not restart it."""
+    _, record = close_run(WAN_SHAPED, SHAPED_LATENT, 0.0, merged_s=lambda step: 0.8 if step == 1 else 5.0,
+                              unmerged_s=lambda step: 2.0 if step == 0 else 10.0, count=8)
+    assert record.calls_merged == 2  # steps 1 (timed, 2.5x faster) and 2 (5 s: median 2.9 s, 0.69x)
+    assert record.unmerged_calls == {gain_mod.AUTO_TIMING: 1, gain_mod.auto_stop_reason(2.0 / 2.9): 5}
+    assert record.auto == (gain_mod.Measured(1680, 1, 2.0 / 2.9, 1.24, False),)
+
+
+@pytest.mark.parametrize("profile, latent, merges", [
+    (gain_mod.CostProfile(WAN_SHAPED.blocks, 256, 0.5, 16), SHAPED_LATENT, True),  # the Wan-shaped model at tile 4: 1.66x
+    (gain_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5), (2, 4, 8, 8), False),  # width 64, 64 tokens: 0.71x
+])
+def test_far_from_break_even_the_prediction_decides_whatever_the_clock_says(profile, latent, merges):
+    for merged_s, unmerged_s in ((1.0, 9.0), (9.0, 1.0)):
+        state, record = close_run(profile, latent, 0.0, merged_s, unmerged_s)
+        assert not state.timer.verdicts and not record.auto
+        assert record.calls_merged == (4 if merges else 0)
+
+
+def test_auto_times_each_shape_on_its_own_calls():
     timer = gain_mod.CallTimer(FakeClock())
-    key, other = (2, 64, 5), (2, 256, 5)
-    timer._marks += [(other, False, 0.0, 9.0), (key, True, 0.0, 3.0), (key, True, 0.0, 3.0)]
-    assert timer.auto_stop(key) is None  # no unmerged call of its own shape yet
-    timer._marks.append((key, False, 0.0, 2.0))
-    assert timer.auto_stop(key) == gain_mod.auto_stop_reason(2.0 / 3.0) and timer.auto_stop(other) is None
-    assert timer.stopped == {key: pytest.approx(2.0 / 3.0)}
+    key, other = (1, 1680, 5), (1, 64, 5)
+    timer._marks += [(other, False, 0.0, 9.0), (other, True, 0.0, 1.0)]
+    assert timer.measured_veto(key, 1.24) == gain_mod.AUTO_TIMING  # another shape's calls do not count
+    timer._marks.append((key, False, 0.0, 1.0))
+    assert timer.measured_veto(key, 1.24) is None  # merged, to be timed
+    timer._marks.append((key, True, 0.0, 1.32))
+    assert timer.measured_veto(key, 1.24) == gain_mod.auto_stop_reason(1 / 1.32)
+    assert timer.measured_veto(other, None) is None  # 9x faster merged
+    assert timer.stopped == {key: pytest.approx(1 / 1.32)}
+    assert [(m.tokens, m.merge) for m in timer.measured()] == [(1680, False), (64, True)]
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"

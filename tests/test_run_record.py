@@ -68,10 +68,10 @@ GAINS = [
 ]
 
 
-def round_trip(config, stats, orphans: int, gain) -> report.RunRecord:
+def round_trip(config, stats, orphans: int, gain, auto=()) -> report.RunRecord:
     """The run's record, checked against the printed line both ways."""
-    line = report.format_report(config, stats, orphans, gain)
-    record = report.run_record(config, stats, orphans, gain)
+    line = report.format_report(config, stats, orphans, gain, auto)
+    record = report.run_record(config, stats, orphans, gain, auto)
     assert record.line() == line
     assert report.parse_run_line(line) == record, line
     assert report.parse_run_line(line).line() == line
@@ -114,9 +114,29 @@ def test_a_run_without_tokens_or_unmerged_reads_back():
     assert record.tokens == {} and record.unmerged_calls == {} == record.unmerged_blocks
 
 
+AUTO = [
+    (gain_mod.Measured(1680, 1, 1 / 1.3219, 1.2374, False),),
+    (gain_mod.Measured(2304, 1, 1.3149, 0.8172, True), gain_mod.Measured(64, 2, 0.999, None, True)),
+]
+"""What min_tokens auto measured: a stop, and a start beside a shape without a prediction."""
+
+
+@pytest.mark.parametrize("status", [None, "cancelled", "bypassed"])
+@pytest.mark.parametrize("gain", [None, GAINS[1]])
+@pytest.mark.parametrize("auto", AUTO)
+def test_what_auto_measured_reads_back(status, gain, auto):
+    record = round_trip(config_of(), stats_of(**STATUSES[status]), 0, gain, auto)
+    assert [(m.tokens, m.batch, m.merge, m.predicted is None) for m in record.auto] == [
+        (m.tokens, m.batch, m.merge, m.predicted is None) for m in auto]
+    assert all(abs(m.speedup / n.speedup - 1) < 0.01 for m, n in zip(record.auto, auto))
+    assert (record.gain is None) == (gain is None) and record.status == status
+
+
 CODE_REASONS = [
     wrappers.IDLE_CALL,
+    gain_mod.AUTO_TIMING,
     gain_mod.auto_stop_reason(2 / 3),
+    gain_mod.auto_stop_reason(1.1),
     config_of(ratio=0.1, tile_size=2).off_reason,
     pack_module("nodes.families.wan").S2V_REASON,
     pack_module("nodes.families.hidream").EDIT,

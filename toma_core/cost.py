@@ -29,7 +29,8 @@ Calibration: MOVE is fitted to the merged / unmerged block times in CALIBRATION,
 project's CPU (one thread, fp32, real ComfyUI blocks at the real width, random weights; `python -m
 bench.speed.realsize measure`, figures in docs/realsize.md): every prediction there is within 12 %
 of its measurement; GREEDY and PLAN_MOVES are fitted to plan times at tile 4 / 8 / 16 and 1-4 frames
-(PLAN_CALIBRATION). At tiny widths on a CPU the model predicts a small gain (the tiny test Flux,
+(PLAN_CALIBRATION), within a factor 2.5 of each. `call_speedup_range` turns these two errors into the
+range a call's true speed-up lies in (BLOCK_ERROR, PLAN_ERROR). At tiny widths on a CPU the model predicts a small gain (the tiny test Flux,
 C 64), as its merged calls measure there; on a GPU such a call is launch-bound and the launch terms
 predict a loss.
 Cross-attention to the text (UNet, Wan) and the per-sample modulation are left out: under 2 % of a
@@ -189,28 +190,48 @@ def plan_flops(tokens: float, width: int, tile_tokens: int, kept: float, device:
     return timed(batch * work, PLAN_OPS + GREEDY_OPS * k, device)
 
 
-def call_flops(
+@dataclass(frozen=True)
+class CallParts:
+    """One call's predicted time in flop-equivalents, in the parts the model's errors differ by:
+    `plain`, its blocks that run as they are; `merged`, its merged blocks with their merge moves;
+    `plan`, its plan."""
+
+    plain: float = 0.0
+    merged: float = 0.0
+    plan: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.plain + self.merged + self.plan
+
+
+def call_parts(
     blocks: Sequence[BlockCost], tokens: int, others: int = 0, kept: float = 1.0, device: str = "cpu", batch: int = 1,
     tile_tokens: int = TILE_TOKENS,
-) -> float:
-    """Predicted time, in flop-equivalents, of one call of batch `batch` on `device` with N = `tokens`
-    image tokens and `others` text / pass-through tokens per sample; merged blocks keep the share
-    `kept` = D / N of their tokens (1 = unmerged), their plan tiles hold `tile_tokens` tokens."""
-    total = 0.0
-    planned = False
+) -> CallParts:
+    """Predicted time, by part, of one call of batch `batch` on `device` with N = `tokens` image
+    tokens and `others` text / pass-through tokens per sample; merged blocks keep the share `kept`
+    = D / N of their tokens (1 = unmerged), their plan tiles hold `tile_tokens` tokens."""
+    plain = merged = plan = 0.0
     for block in blocks:
         if block.count == 0:
             continue
         n = tokens * block.share
         if block.merged and kept < 1.0:
-            per_block = timed(batch * merged_block_flops(block, n, others, kept), BLOCK_OPS + MERGE_OPS, device)
-            if not planned:
-                total += plan_flops(n, block.width, tile_tokens, kept, device, batch)
-                planned = True
+            merged += block.count * timed(batch * merged_block_flops(block, n, others, kept), BLOCK_OPS + MERGE_OPS, device)
+            if plan == 0.0:
+                plan = plan_flops(n, block.width, tile_tokens, kept, device, batch)
         else:
-            per_block = timed(batch * block_flops(block, n, others), BLOCK_OPS, device)
-        total += block.count * per_block
-    return total
+            plain += block.count * timed(batch * block_flops(block, n, others), BLOCK_OPS, device)
+    return CallParts(plain, merged, plan)
+
+
+def call_flops(
+    blocks: Sequence[BlockCost], tokens: int, others: int = 0, kept: float = 1.0, device: str = "cpu", batch: int = 1,
+    tile_tokens: int = TILE_TOKENS,
+) -> float:
+    """Predicted time, in flop-equivalents, of one call (call_parts' total)."""
+    return call_parts(blocks, tokens, others, kept, device, batch, tile_tokens).total
 
 
 def call_speedup(
@@ -220,3 +241,34 @@ def call_speedup(
     """Predicted unmerged / merged time of one call (see call_flops); 1.0 when nothing merges."""
     merged = call_flops(blocks, tokens, others, kept, device, batch, tile_tokens)
     return call_flops(blocks, tokens, others, 1.0, device, batch) / merged if merged > 0 else 1.0
+
+
+BLOCK_ERROR = 0.12
+"""Relative error of the merged blocks' predicted speed-up: every CALIBRATION point is within it
+(tests/test_cost.py)."""
+
+PLAN_ERROR = 2.5
+"""Factor within which plan_flops meets the measured plan times of PLAN_CALIBRATION (tests/test_cost.py;
+repeats on the shared machine spread up to that much)."""
+
+CALIBRATED = frozenset({"cpu"})
+"""Device types CALIBRATION and PLAN_CALIBRATION were measured on. Elsewhere (a GPU) no error is
+measured, so no lower bound of a predicted speed-up is known."""
+
+
+def call_speedup_range(
+    blocks: Sequence[BlockCost], tokens: int, others: int, kept: float, device: str = "cpu", batch: int = 1,
+    tile_tokens: int = TILE_TOKENS,
+) -> tuple[float, float]:
+    """(lowest, highest) unmerged / merged time of one call within the model's measured errors: its
+    merged blocks' speed-up off by BLOCK_ERROR either way, its plan by a factor PLAN_ERROR, the blocks
+    that run as they are exact. The lowest is 0 on a device the model was not calibrated on
+    (CALIBRATED); (1, 1) when nothing merges."""
+    unmerged = call_flops(blocks, tokens, others, 1.0, device, batch)
+    parts = call_parts(blocks, tokens, others, kept, device, batch, tile_tokens)
+    if parts.merged == 0.0 or unmerged <= 0.0:
+        return 1.0, 1.0
+    high = unmerged / (parts.plain + parts.merged / (1.0 + BLOCK_ERROR) + parts.plan / PLAN_ERROR)
+    if device not in CALIBRATED:
+        return 0.0, high
+    return unmerged / (parts.plain + parts.merged / (1.0 - BLOCK_ERROR) + parts.plan * PLAN_ERROR), high

@@ -203,8 +203,9 @@ def auto_rows(name: str) -> list[dict[str, Any]]:
         geometry = contract.CallGeometry(g.height, g.width, text_len=others(name), frames=g.frames)
         row: dict[str, Any] = {"family": name, "size": size.label, "tokens": g.tokens, "batch": batch}
         for device in ("cuda", "cpu"):
-            row[device] = (profile.speedup(g.tokens, others(name), device, batch),
-                           "unmerged" if profile.auto_veto(geometry, device, batch) else "merge")
+            prediction = profile.predict(g.tokens, others(name), device, batch)
+            decision = "unmerged" if profile.auto_veto(geometry, device, batch) else "merge"
+            row[device] = (prediction.speedup, "measured" if prediction.close else decision)
         rows.append(row)
     return rows
 
@@ -213,7 +214,8 @@ def auto_table(rows: list[dict[str, Any]], skipped: list[str]) -> str:
     floor = pack_module("nodes.run.gain").AUTO_MIN_SPEEDUP
     lines = ["## min_tokens auto", "",
              f"The full-size model patched at the node defaults (min_tokens auto); a call merges when its predicted "
-             f"speed-up is at least {floor:g}x (nodes/run/gain.py).", "",
+             f"speed-up is at least {floor:g}x; \"measured\": the cost model's error range holds {floor:g}x, so the run "
+             "times an unmerged and a merged call and decides (nodes/run/gain.py).", "",
              "| family | size | image tokens N | batch | predicted (cuda) | auto (cuda) | predicted (cpu) | auto (cpu) |",
              "|---|---|---:|---:|---:|---|---:|---|"]
     for r in rows:

@@ -108,8 +108,10 @@ def advanced_inputs() -> list:
             "min_tokens", default=NODE_MIN_TOKENS, dynamic_prompts=False,
             tooltip="auto (default): a model call merges only where ToMA's cost model predicts it is "
             "faster for this model's width and this image size; small images and small models run "
-            "unmerged (the log line says why). A number: calls with fewer image tokens than this run "
-            "unmerged; 0 = always merge.",
+            "unmerged (the log line says why). Where the prediction is too close to call, the run times "
+            "an unmerged and a merged call of that size and the measurement decides (the log line says "
+            "what it measured). A number: calls with fewer image tokens than this run unmerged; 0 = "
+            "always merge.",
         ),
         io.Combo.Input(
             "similarity", options=list(SIMILARITIES), default=SIMILARITIES[0],

@@ -1,56 +1,82 @@
 """What a merged call gains, predicted by the cost model and measured by the run's timer, and
-`min_tokens = "auto"`, which asks both (the APPLY_MODEL wrapper's `_auto_veto`, wrappers.py).
+`min_tokens = "auto"`, which asks both (`auto_call_veto`, asked by the APPLY_MODEL wrapper, wrappers.py).
 
 Predicted (`CostProfile`): the cost model's view of a patched model (toma_core.cost), read once, when
 the node runs, from the diffusion model's own modules by the family's CostModel (its registry entry):
 `DitCost` for a DiT (its width and block lists; the adapter says how many blocks the setting
-merges), families/unet_cost.py for the UNet. min_tokens "auto" merges a call only where it predicts
-a gain of at least AUTO_MIN_SPEEDUP for the family's width, the call's token count and the plan's
-tile (tile_size^2 x tile_frames tokens). It is calibrated on a CPU only: the run's measurement checks it.
+merges), families/unet_cost.py for the UNet. A call's `Prediction` is its speed-up for the family's
+width, the call's token count and the plan's tile (tile_size^2 x tile_frames tokens), and the range
+the model's measured error leaves it in (toma_core.cost.call_speedup_range: the merged blocks within
+12 % and the plan within a factor 2.5 of their CPU calibrations; no lower bound on a device the model
+was not calibrated on, such as a GPU).
+
+min_tokens "auto" merges a call where its whole range is at least AUTO_MIN_SPEEDUP and runs it
+unmerged where its whole range is below: there the prediction decides, a pure function of the call's
+shape, and the run does not depend on the clock. Where the range holds AUTO_MIN_SPEEDUP
+(`Prediction.close`), or without a cost model, the run measures instead (`CallTimer.measured_veto`; the decision is `judge`, a pure function of the
+measured durations): it times an unmerged call of that shape (one outside the sigma window, or else
+the first merge-eligible one, run unmerged for it), then a merged one, and from the next call on the
+measurement decides, against the bar the prediction had to clear (AUTO_MIN_SPEEDUP). Merged calls
+stay measured: once merging, a shape measured clearly slower merged (AUTO_STOP_BELOW) stops merging
+for the rest of the run. A wrong prediction is so corrected in either direction by a shape's third
+call, within a 4-step run, and the run line says what was measured and decided. Under torch.compile
+(the first call of each kind compiles) the prediction decides.
 
 Measured (`CallTimer`): the time of each model call, merged or not, and the sentence the run's log
-line ends with. On a GPU each call is bracketed by two CUDA events on the current stream, read only
-at the end of the run (waiting for the end events, after sampling); on the CPU a monotonic clock
-(time.perf_counter, or the clock a test injects) brackets it.
-
-min_tokens "auto" also judges by measurement during the run (`CallTimer.auto_stop`, asked eagerly by
-the APPLY_MODEL wrapper before each merge-eligible call, before the cost model): as soon as a shape
-has unmerged calls and AUTO_MIN_MERGED merged ones that have finished, it compares their medians (the
-first merged call of the shape left out: it carries one-off work such as a torch.compile trace), and
-when merged calls are clearly slower (AUTO_STOP_BELOW) it stops merging calls of that shape for the
-rest of the run, the run line saying why. This check needs no calibration, so on a GPU (CUDA events,
-read only once finished: `torch.cuda.Event.query`, no synchronisation) it is what keeps a predicted
-gain honest.
+line ends with. On a GPU each call is bracketed by two CUDA events on the current stream, read at the
+end of the run by waiting for each end event (every GPU's, under MultiGPU CFG Split); while auto
+still has a shape to time, the next call of it first waits for the calls before to finish
+(`torch.cuda.Event.synchronize`), so the decision reads the device's time and is in time. On the CPU
+a monotonic clock (time.perf_counter, or the clock a test injects) brackets the call.
 
 Merged calls are compared with unmerged calls of the same batch and token count (the steps outside
-the merge window, or between merge steps), by median, so a first call's warm-up does not count. A run
-without such an unmerged call gives the cost model's speed-up instead, labelled "predicted" in its
-run line: it is never presented as measured. No call is run unmerged on purpose to measure one: that
-would change the image of a run asked to merge every step, and at the nodes' defaults (start_percent
-0.4) the steps before the window are the unmerged calls a measurement needs. A merged call that a
-step cache skipped is not timed (wrappers.py); an unmerged one it skipped cannot be told apart and
-counts, which the median absorbs while the cache skips fewer than half of those calls.
+the merge window, between merge steps, or timed for auto), by median. A run without such an
+unmerged call gives the cost model's speed-up instead, labelled "predicted" in its run line: it is
+never presented as measured. A merged call that a step cache skipped is not timed (wrappers.py); an
+unmerged one it skipped cannot be told apart and counts as a fast unmerged call, which can make auto
+stop merging, never start.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from ...toma_core.cost import TILE_TOKENS, BlockCost, call_speedup
+from ...toma_core.cost import TILE_TOKENS, BlockCost, call_speedup, call_speedup_range
 from ..contract import CallGeometry
 from ..settings import ToMASettings
 
 log = logging.getLogger(__name__)
 
 AUTO_MIN_SPEEDUP = 1.05
-"""min_tokens "auto": a call merges only when its predicted speed-up is at least this (a few percent)."""
+"""min_tokens "auto": a call merges only when its speed-up is at least this (a few percent)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The cost model's speed-up of a call (unmerged / merged time) and the range [low, high] its
+    measured error leaves it in (toma_core.cost.call_speedup_range)."""
+
+    speedup: float
+    low: float
+    high: float
+
+    @property
+    def merge(self) -> bool:
+        """The prediction alone merges the call."""
+        return self.speedup >= AUTO_MIN_SPEEDUP
+
+    @property
+    def close(self) -> bool:
+        """The range holds AUTO_MIN_SPEEDUP: within its error the model cannot tell whether merging pays."""
+        return self.low < AUTO_MIN_SPEEDUP <= self.high
 
 
 @dataclass
@@ -65,18 +91,24 @@ class CostProfile:
     width: int
     kept: float
     tile_tokens: int = TILE_TOKENS
-    _cache: dict[tuple[int, int, str, int], float] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple[int, int, str, int], Prediction] = field(default_factory=dict, repr=False)
 
-    def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> float:
-        """Predicted unmerged / merged time of a call of batch `batch`, N = `tokens` image tokens and
-        `others` text and pass-through tokens, on a device of type `device` ("cpu", "cuda", ...)."""
+    def predict(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> Prediction:
+        """The Prediction of a call of batch `batch`, N = `tokens` image tokens and `others` text and
+        pass-through tokens, on a device of type `device` ("cpu", "cuda", ...)."""
         key = (tokens, others, device, batch)
         if key not in self._cache:
-            self._cache[key] = call_speedup(self.blocks, tokens, others, self.kept, device, batch, self.tile_tokens)
+            args = (self.blocks, tokens, others, self.kept, device, batch, self.tile_tokens)
+            self._cache[key] = Prediction(call_speedup(*args), *call_speedup_range(*args))
         return self._cache[key]
 
+    def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> float:
+        """Predicted unmerged / merged time of such a call (Prediction.speedup)."""
+        return self.predict(tokens, others, device, batch).speedup
+
     def auto_veto(self, geometry: CallGeometry, device: str, batch: int) -> str | None:
-        """min_tokens "auto": why this call runs unmerged on `device`, or None when merging is predicted to pay."""
+        """The prediction's decision for this call on `device`: why it runs unmerged, or None when
+        merging is predicted to pay (auto_call_veto measures instead where the prediction is close)."""
         predicted = self.speedup(geometry.tokens, geometry.others, device, batch)
         if predicted >= AUTO_MIN_SPEEDUP:
             return None
@@ -127,6 +159,11 @@ CallKey = tuple[int, int, int]
 """(batch, image tokens, text + pass-through tokens) of a call: only calls of one key are compared."""
 
 
+def call_key(batch: int, geometry: CallGeometry) -> CallKey:
+    """The timer's key of a call of batch `batch` with this token layout."""
+    return (batch, geometry.tokens, geometry.others)
+
+
 @dataclass(frozen=True)
 class TimedCall:
     key: CallKey
@@ -134,30 +171,93 @@ class TimedCall:
     seconds: float
 
 
-AUTO_MIN_MERGED = 2
-"""Finished merged calls of one shape min_tokens "auto" needs before it judges them by measurement."""
-
 AUTO_STOP_BELOW = 0.9
-"""min_tokens "auto" stops merging a shape whose merged calls measure below this speed-up: clearly
-slower, not just slower. Stopping changes the image of the rest of the run, and on a loaded machine a
-call's clock is noisy (on this project's CPU consecutive unpatched runs differ by 4.5-12 % in time, docs/quality.md
-"Few-step runs"), so at a break-even size a threshold of 1 made identical runs give different images."""
+"""min_tokens "auto" stops merging a shape it measured merging once its merged calls measure below this
+speed-up: clearly slower, not just slower. Stopping changes the image of the rest of the run, and on
+a loaded machine a call's clock is noisy (on this project's CPU consecutive unpatched runs differ by
+4.5-12 % in time, docs/quality.md "Few-step runs"), so more merged calls do not undo the first
+measurement unless they are slower beyond that noise."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """min_tokens "auto"'s decision for the next call of a shape whose prediction is close (`judge`).
+    measured: median unmerged over median merged seconds of the shape's timed calls; None while one
+    of the two is still to be timed (the call then runs as the timing needs)."""
+
+    merge: bool
+    measured: float | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Measured and unmerged: final for the rest of the run."""
+        return self.measured is not None and not self.merge
+
+
+def judge(merging: bool, unmerged: Sequence[float], merged: Sequence[float]) -> Verdict:
+    """min_tokens "auto" where the prediction is close: the decision for the next call of a shape, a
+    pure function of the seconds of its finished unmerged and merged calls in this run. Until both
+    have been timed: an unmerged call first, then a merged one. Then the measured speed-up (median
+    unmerged over median merged) decides: merge when it is at least AUTO_MIN_SPEEDUP, the bar the
+    prediction had to clear; once `merging` (a measurement made it merge), stop only below
+    AUTO_STOP_BELOW."""
+    if not unmerged:
+        return Verdict(False)
+    if not merged:
+        return Verdict(True)
+    fast = statistics.median(merged)
+    ratio = statistics.median(unmerged) / fast if fast > 0 else math.inf
+    return Verdict(ratio >= (AUTO_STOP_BELOW if merging else AUTO_MIN_SPEEDUP), ratio)
+
+
+AUTO_TIMING = "timed unmerged by min_tokens auto (the prediction is within the cost model's error)"
+"""Unmerged-call reason of a call min_tokens "auto" runs unmerged to time it: a shape whose prediction
+is close, with no unmerged call timed yet (every call of the run would merge)."""
 
 
 def auto_stop_reason(ratio: float) -> str:
     """The unmerged-call reason of a shape min_tokens "auto" stopped merging, measured at `ratio`."""
-    return f"merging measured slower ({ratio:.2f}x) at this size, stopped by min_tokens auto"
+    return f"merging measured {_faster(ratio)} at this size, stopped by min_tokens auto"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What min_tokens "auto" measured for one call shape of a run (the run line's auto part): the
+    shape (image tokens, batch), the measured and the predicted speed-up (None without a cost model)
+    and whether it merged from then on."""
+
+    tokens: int
+    batch: int
+    speedup: float
+    predicted: float | None
+    merge: bool
+
+    def text(self) -> str:
+        predicted = "no prediction" if self.predicted is None else f"predicted {_faster(self.predicted)}"
+        return AUTO_MEASURED.format(
+            tokens=self.tokens, batch=self.batch, speedup=_faster(self.speedup), predicted=predicted,
+            outcome=AUTO_OUTCOMES[self.merge],
+        )
+
+
+AUTO_MEASURED = "min_tokens auto timed {tokens} image tokens (batch {batch}): merged {speedup} than unmerged, {predicted}: {outcome}"
+"""The run line's words for one shape min_tokens "auto" decided by measurement (report.parse_run_line
+reads them back; shapes are joined by "; ")."""
+
+AUTO_OUTCOMES = {True: "merged from then on", False: "unmerged from then on"}
 
 
 @dataclass
 class CallTimer:
     """Start/stop marks of a run's model calls. clock: seconds, monotonic (CPU calls). device: the
-    device type of the last call started ("cpu", "cuda", ...). stopped: the shapes min_tokens "auto"
-    stopped merging, with the speed-up they measured."""
+    device type of the last call started ("cpu", "cuda", ...). verdicts: min_tokens "auto"'s decision
+    for each shape whose prediction is close; predicted: that prediction's speed-up (None without a
+    cost model)."""
 
     clock: Callable[[], float] = time.perf_counter
     device: str = "cpu"
-    stopped: dict[CallKey, float] = field(default_factory=dict)
+    verdicts: dict[CallKey, Verdict] = field(default_factory=dict)
+    predicted: dict[CallKey, float | None] = field(default_factory=dict)
     _marks: list[tuple[CallKey, bool, Any, Any]] = field(default_factory=list)
     _finished: dict[CallKey, tuple[list[float], list[float]]] = field(default_factory=dict)
     _read: int = 0
@@ -180,36 +280,49 @@ class CallTimer:
             end = self.clock()
         self._marks.append((key, merged, start, end))
 
-    def auto_stop(self, key: CallKey) -> str | None:
-        """min_tokens "auto", before a merge-eligible call of `key`: why it must run unmerged (its
-        shape measured slower merged, now or earlier in the run), or None. Reads only finished calls."""
-        if key not in self.stopped:
-            ratio = self.finished_ratio(key)
-            if ratio is None or ratio >= AUTO_STOP_BELOW:
-                return None
-            self.stopped[key] = ratio
-            log.info("ToMA: %s (%d image tokens, batch %d)", auto_stop_reason(ratio), key[1], key[0])
-        return auto_stop_reason(self.stopped[key])
-
-    def finished_ratio(self, key: CallKey) -> float | None:
-        """Median unmerged over median merged time of the finished calls of `key` (the first merged
-        one left out); None until it has AUTO_MIN_MERGED merged calls and an unmerged one."""
-        self._read_finished()
-        merged, unmerged = self._finished.get(key, ([], []))
-        if len(merged) < AUTO_MIN_MERGED or not unmerged:
+    def measured_veto(self, key: CallKey, predicted: float | None) -> str | None:
+        """min_tokens "auto", before a merge-eligible call of `key` whose prediction is close: why it
+        runs unmerged, or None when it merges (`judge` of the shape's finished calls; a stop is final).
+        predicted: the prediction's speed-up, for the run line (None without a cost model). While the shape is still to be
+        timed, the calls before are waited for (CUDA), so that the decision is in time."""
+        verdict = self.verdicts.get(key)
+        if verdict is None or not verdict.stopped:
+            timing = verdict is None or verdict.measured is None
+            decided = judge(not timing and verdict.merge, *self.finished(key, wait=timing))
+            if timing or not decided.merge:  # kept: the measurement that decided, until merging stops
+                if decided.measured is not None:
+                    log.info("ToMA: %s", Measured(key[1], key[0], decided.measured, predicted, decided.merge).text())
+                self.verdicts[key], self.predicted[key] = decided, predicted
+                verdict = decided
+        if verdict.merge:
             return None
-        fast = statistics.median(merged[1:])
-        return statistics.median(unmerged) / fast if fast > 0 else None
+        return AUTO_TIMING if verdict.measured is None else auto_stop_reason(verdict.measured)
 
-    def _read_finished(self) -> None:
-        """Move the calls finished since the last read, in call order, into `_finished` (a CUDA call
-        is finished once its end event is: no synchronisation)."""
+    @property
+    def stopped(self) -> dict[CallKey, float]:
+        """The shapes min_tokens "auto" measured and runs unmerged, with their measured speed-up."""
+        return {key: verdict.measured for key, verdict in self.verdicts.items() if verdict.stopped}
+
+    def measured(self) -> tuple[Measured, ...]:
+        """What min_tokens "auto" measured in this run: one entry per shape it decided by measurement,
+        with the measurement that decided (a stop's, once merging stopped)."""
+        return tuple(
+            Measured(key[1], key[0], verdict.measured, self.predicted[key], verdict.merge)
+            for key, verdict in self.verdicts.items() if verdict.measured is not None
+        )
+
+    def finished(self, key: CallKey, wait: bool = False) -> tuple[list[float], list[float]]:
+        """Seconds of the finished (unmerged, merged) calls of `key`, in call order. A CUDA call has
+        finished once its end event has (no synchronisation); `wait`: wait for every call's end."""
         while self._read < len(self._marks):
-            key, merged, start, end = self._marks[self._read]
+            mark, merged, start, end = self._marks[self._read]
             if isinstance(end, torch.cuda.Event) and not end.query():
-                return
-            self._finished.setdefault(key, ([], []))[0 if merged else 1].append(_seconds(start, end))
+                if not wait:
+                    break
+                end.synchronize()
+            self._finished.setdefault(mark, ([], []))[1 if merged else 0].append(_seconds(start, end))
             self._read += 1
+        return self._finished.get(key, ([], []))
 
     def calls(self) -> list[TimedCall]:
         """The run's timed calls; CUDA marks are read here (after waiting for each call's end event)."""
@@ -223,6 +336,19 @@ def _seconds(start: Any, end: Any) -> float:
     if isinstance(start, torch.cuda.Event):
         return start.elapsed_time(end) / 1000.0
     return float(end - start)
+
+
+def auto_call_veto(
+    cost: CostProfile | None, timer: CallTimer, geometry: CallGeometry, device: str, batch: int, measure: bool,
+) -> str | None:
+    """min_tokens "auto": why this call runs unmerged, or None when it merges. The prediction decides
+    where its error range leaves no doubt; where it is close, or without a cost model, the run's own
+    timing of the shape decides (CallTimer.measured_veto) when `measure` (False under torch.compile:
+    there the prediction decides, and without a cost model the call merges)."""
+    prediction = cost.predict(geometry.tokens, geometry.others, device, batch) if cost is not None else None
+    if measure and (prediction is None or prediction.close):
+        return timer.measured_veto(call_key(batch, geometry), prediction.speedup if prediction is not None else None)
+    return cost.auto_veto(geometry, device, batch) if cost is not None else None
 
 
 @dataclass(frozen=True)

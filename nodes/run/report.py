@@ -1,10 +1,10 @@
 """The one-line summary of a sampling run: what ToMA merged, what ran unmerged and why, whether it
-was bypassed, cancelled or stopped by an error, and what it gained (gain.py); and the
-warning for a schedule that merges (almost) none of a run's steps. RunStats is filled eagerly by
-the wrappers (wrappers.py) and the block hooks (CallContext.record_block); at the end of a run
-`run_record` turns it into a RunRecord, the line's facts as fields, which `RunRecord.line` prints,
-wrappers.py logs with the line (LogRecord attribute TOMA_RUN) and `parse_run_line` reads back
-from the line's text (e.g. a server log)."""
+was bypassed, cancelled or stopped by an error, what min_tokens "auto" measured and what it gained
+(gain.py); and the warning for a schedule that merges (almost) none of a run's steps. RunStats is
+filled eagerly by the wrappers (wrappers.py) and the block hooks (CallContext.record_block); at the
+end of a run `run_record` turns it into a RunRecord, the line's facts as fields, which
+`RunRecord.line` prints, wrappers.py logs with the line (LogRecord attribute TOMA_RUN) and
+`parse_run_line` reads back from the line's text (e.g. a server log)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .config import ToMAConfig
-from .gain import MEASURED_GAIN, PREDICTED_GAIN, Gain, gain_text
+from .gain import (
+    AUTO_MEASURED,
+    AUTO_OUTCOMES,
+    MEASURED_GAIN,
+    PREDICTED_GAIN,
+    Gain,
+    Measured,
+    gain_text,
+)
 
 if TYPE_CHECKING:
     from ..settings import ToMASettings
@@ -92,6 +100,12 @@ class RunGain:
         return gain_text(self.call, self.run, self.measured)
 
 
+def stated_auto(measured: Measured) -> Measured:
+    """`measured` with its speed-ups as the run line states them (see RunGain)."""
+    predicted = None if measured.predicted is None else _stated(measured.predicted)
+    return Measured(measured.tokens, measured.batch, _stated(measured.speedup), predicted, measured.merge)
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """The facts of one run line (format: `line`, read back: `parse_run_line`).
@@ -101,6 +115,8 @@ class RunRecord:
     for it, in the line's order (block runs without transformer_options under ORPHAN_REASON, last).
     status: see Status; eligible_calls: the merge-eligible calls of a bypassed run (the line states
     them only then), else None. settings: ToMASettings.describe(). gain: None when no call merged.
+    auto: the shapes min_tokens "auto" decided by measurement (gain.Measured, as stated), in the order
+    it first measured them.
     """
 
     family: str
@@ -119,6 +135,7 @@ class RunRecord:
     eligible_calls: int | None
     settings: str
     gain: RunGain | None
+    auto: tuple[Measured, ...] = ()
 
     def line(self) -> str:
         """The one-line run summary: its parts joined by " | "."""
@@ -135,6 +152,8 @@ class RunRecord:
         if self.status is not None:
             parts.append(STATUS_TEXT[self.status].format(eligible_calls=self.eligible_calls))
         parts.append(self.settings)
+        if self.auto:
+            parts.append("; ".join(m.text() for m in self.auto))
         if self.gain is not None:
             parts.append(self.gain.text())
         return " | ".join(parts)
@@ -143,8 +162,11 @@ class RunRecord:
 NO_TOKENS = "no tokens merged"
 
 
-def run_record(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None) -> RunRecord:
-    """The facts of a finished run (its counters, its patch's settings, its measured gain)."""
+def run_record(
+    config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None, auto: tuple[Measured, ...] = (),
+) -> RunRecord:
+    """The facts of a finished run (its counters, its patch's settings, its measured gain, what
+    min_tokens "auto" measured: CallTimer.measured)."""
     unmerged_blocks = {str(why): n for why, n in stats.unmerged_blocks.items()}
     if orphan_blocks:
         unmerged_blocks[ORPHAN_REASON] = unmerged_blocks.get(ORPHAN_REASON, 0) + orphan_blocks
@@ -170,13 +192,17 @@ def run_record(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Ga
         status=status, eligible_calls=stats.eligible_calls if status == "bypassed" else None,
         settings=config.settings.describe(),
         gain=RunGain.of(gain) if gain is not None else None,
+        auto=tuple(stated_auto(m) for m in auto),
     )
 
 
-def format_report(config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None) -> str:
+def format_report(
+    config: ToMAConfig, stats: RunStats, orphan_blocks: int, gain: Gain | None = None, auto: tuple[Measured, ...] = (),
+) -> str:
     """One line: tokens before/after, blocks and steps merged, plans built, what ran unmerged and
-    why, the settings, and the run's gain (measured, see gain.py) when a call merged."""
-    return run_record(config, stats, orphan_blocks, gain).line()
+    why, the settings, what min_tokens "auto" measured, and the run's gain (measured, see gain.py)
+    when a call merged."""
+    return run_record(config, stats, orphan_blocks, gain, auto).line()
 
 
 def parse_run_line(line: str) -> RunRecord:
@@ -195,15 +221,19 @@ def parse_run_line(line: str) -> RunRecord:
     status, eligible = _status(rest[0])
     if status is not None:
         rest = rest[1:]
-    gain = _gain(rest[-1]) if len(rest) > 1 else None
-    if len(rest) != (2 if gain is not None else 1):
+    settings, extra = rest[0], rest[1:]
+    gain = _gain(extra[-1]) if extra else None
+    if gain is not None:
+        extra = extra[:-1]
+    auto = _auto(extra[0]) if len(extra) == 1 else None
+    if len(extra) > 1 or (extra and auto is None):
         raise ValueError(f"not a ToMA run line: {line!r}")
     return RunRecord(
         family=head[1], tokens=_grids(head[2]),
         steps_merged=int(steps[1]), total_steps=int(steps[2]), calls_merged=int(steps[3]), total_calls=int(steps[4]),
         blocks_selected=int(blocks[1]), blocks=blocks[2], block_runs_merged=int(blocks[3]), plans_built=int(plans[1]),
         unmerged_calls=calls, unmerged_blocks=block_runs, status=status, eligible_calls=eligible,
-        settings=rest[0], gain=gain,
+        settings=settings, gain=gain, auto=auto or (),
     )
 
 
@@ -258,15 +288,39 @@ def _status(text: str) -> tuple[Status | None, int | None]:
     return None, None
 
 
+FASTER = r"(\d+\.\d\d)x (faster|slower)"
+"""A speed-up as the line states it: "1.71x faster", "1.25x slower"."""
+
+
+def _speedup(figure: str, direction: str) -> float:
+    return float(figure) if direction == "faster" else _slower(float(figure))
+
+
+def _auto(text: str) -> tuple[Measured, ...] | None:
+    """The shapes of the line's min_tokens "auto" part (gain.AUTO_MEASURED, joined by "; "), None for another part."""
+    fields = {"tokens": r"(\d+)", "batch": r"(\d+)", "speedup": FASTER,
+              "predicted": f"(?:predicted {FASTER}|no prediction)", "outcome": "(" + "|".join(AUTO_OUTCOMES.values()) + ")"}
+    pattern = re.escape(AUTO_MEASURED)
+    for name, wording in fields.items():
+        pattern = pattern.replace(re.escape("{" + name + "}"), wording)
+    found = []
+    for item in text.split("; "):
+        m = re.fullmatch(pattern, item)
+        if m is None:
+            return None
+        predicted = None if m[5] is None else _speedup(m[5], m[6])
+        merge = next(merge for merge, outcome in AUTO_OUTCOMES.items() if outcome == m[7])
+        found.append(Measured(int(m[1]), int(m[2]), _speedup(m[3], m[4]), predicted, merge))
+    return tuple(found)
+
+
 def _gain(text: str) -> RunGain | None:
     """The gain part (gain.MEASURED_GAIN or PREDICTED_GAIN), None for another part."""
-    faster = r"(\d+\.\d\d)x (faster|slower)"
     for wording in (MEASURED_GAIN, PREDICTED_GAIN):
-        pattern = re.escape(wording).replace(re.escape("{call}"), faster).replace(re.escape("{run}"), faster)
+        pattern = re.escape(wording).replace(re.escape("{call}"), FASTER).replace(re.escape("{run}"), FASTER)
         m = re.fullmatch(pattern, text)
         if m is not None:
-            call, run = (float(m[i]) if m[i + 1] == "faster" else _slower(float(m[i])) for i in (1, 3))
-            return RunGain(call, run, measured=wording is MEASURED_GAIN)
+            return RunGain(_speedup(m[1], m[2]), _speedup(m[3], m[4]), measured=wording is MEASURED_GAIN)
     return None
 
 

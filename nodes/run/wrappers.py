@@ -4,7 +4,7 @@ per-call state of runtime.py.
 - OUTER_SAMPLE (`outer_sample_wrapper`): a fresh RunState for each sampling run (the EasyCache
   pattern), its sigma window, the run's summary line at the end (report.py).
 - APPLY_MODEL (`apply_model_wrapper`): the per-call decision (step, merge on/off, epoch, token
-  grid, batch composition; min_tokens "auto"'s measured stop, gain.CallTimer.auto_stop) made
+  grid, batch composition; min_tokens "auto", gain.auto_call_veto) made
   eagerly in `build_call`, the CallContext exposed to the block
   hooks for the call, and the plans they built kept for later calls. APPLY_MODEL rather than
   DIFFUSION_MODEL: core TorchCompileModel compiles `diffusion_model` (DIFFUSION_MODEL wrappers
@@ -21,7 +21,7 @@ import torch
 from ...toma_core import StepDecision
 from ..contract import CallGeometry
 from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
-from .gain import CallKey, measure_gain, warn_if_slower
+from .gain import auto_call_veto, call_key, measure_gain, warn_if_slower
 from .report import TOMA_RUN, bypassed, run_record, schedule_warning
 from .runtime import (
     TORCH_COMPILE_KWARGS,
@@ -68,7 +68,7 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         orphans = leave_run(run)
         guider.model_options = original
         gain = None if state.stats.failed else measure_gain(state.timer.calls(), state.predicted_speedup)
-        record = run_record(state.config, state.stats, orphans, gain)
+        record = run_record(state.config, state.stats, orphans, gain, state.timer.measured())
         log.info(record.line(), extra={TOMA_RUN: record})
         _warn_bypass(state, orphans)
         _warn_schedule(state)
@@ -111,7 +111,7 @@ def apply_model_wrapper(executor, *args, **kwargs):
     if merged and not state.stats.compiled and ctx.merged_blocks == 0:
         _count_unmerged_call(state, ctx, NO_BLOCK_MERGED)
         merged = False
-    state.timer.stop(start, _call_key(ctx.batch, ctx.geometry), merged)
+    state.timer.stop(start, call_key(ctx.batch, ctx.geometry), merged)
     return out
 
 
@@ -181,7 +181,8 @@ def call_veto(
     function of its arguments. In order: outside a sampling run, settings that merge nothing
     (`off_reason`), between merge steps, outside the sigma window (`decision`, the schedule's), a
     token layout the family does not merge (`geometry.reason`), then the size: min_tokens "auto" asks
-    `auto()` (the measured stop, then the cost model: `_auto_veto`), a number compares the image tokens."""
+    `auto()` (the cost model, or the run's timing where its prediction is close: gain.auto_call_veto),
+    a number compares the image tokens."""
     if decision is None:
         return "outside a sampling run"
     if settings.effective_ratio == 0:
@@ -200,20 +201,9 @@ def call_veto(
 
 
 def _auto_veto(state: RunState, geometry: CallGeometry, x: torch.Tensor) -> str | None:
-    """min_tokens "auto": unmerged when this shape's merged calls already measured slower in this run
-    (CallTimer.auto_stop: measured, so it holds on a GPU the cost model was never calibrated on), or
-    when the cost model predicts no gain; else merged, to be measured."""
-    batch = int(x.shape[0])
-    stopped = state.timer.auto_stop(_call_key(batch, geometry))
-    if stopped is not None:
-        return stopped
-    cost = state.config.cost
-    return cost.auto_veto(geometry, x.device.type, batch) if cost is not None else None
-
-
-def _call_key(batch: int, geometry: CallGeometry) -> CallKey:
-    """The timer's key of a call of batch `batch` with this token layout (gain.CallKey)."""
-    return (batch, geometry.tokens, geometry.others)
+    """min_tokens "auto" for this call (gain.auto_call_veto): the cost model decides, or the run's
+    timing where its prediction is close (not under torch.compile)."""
+    return auto_call_veto(state.config.cost, state.timer, geometry, x.device.type, int(x.shape[0]), not state.stats.compiled)
 
 
 def _count_call(state: RunState, ctx: CallContext) -> None:

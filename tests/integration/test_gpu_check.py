@@ -85,8 +85,8 @@ def test_auto_decides_every_real_size(report: str) -> None:
         floor = rs.pack_module("nodes.run.gain").AUTO_MIN_SPEEDUP
         for r in found:
             for predicted, decision in ((ratio(r[4]), r[5]), (ratio(r[6]), r[7])):
-                assert decision in ("merge", "unmerged") and predicted > 0, r
-                if abs(predicted - floor) > 0.01:  # the table rounds to 0.01
+                assert decision in ("merge", "unmerged", "measured") and predicted > 0, r
+                if decision != "measured" and abs(predicted - floor) > 0.01:  # the table rounds to 0.01
                     assert decision == ("merge" if predicted > floor else "unmerged"), r
 
 
