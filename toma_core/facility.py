@@ -46,15 +46,20 @@ def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
         raise ValueError(f"k={k} must be in [1, {n}] (the number of tokens per tile)")
     s = sim.float()
     allowed = torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device) if mask is None else ~mask
-    weight = allowed.float().unsqueeze(-2)
     # Shift so every similarity is >= 0: F(empty) = 0 with zero coverage, same greedy picks.
     s = s - s.amin(dim=(-1, -2), keepdim=True)
+    if mask is not None:
+        # A masked token is never covered: its column stays 0 in s and in cover, so it adds exactly
+        # 0 to every gain (no weight pass per pick).
+        s.masked_fill_(mask.unsqueeze(-2), 0.0)
     cover = torch.zeros_like(s[..., 0, :])
     chosen = torch.zeros_like(allowed)
     positions = torch.arange(n, device=s.device)
+    excess = torch.empty_like(s)
     picks, gains = [], []
     for _ in range(k):
-        gain = ((s - cover.unsqueeze(-2)).clamp_min(0) * weight).sum(-1)
+        # sum_j max(0, s_vj - cover_j) in one reused buffer: the greedy's cost is these k passes
+        gain = torch.sub(s, cover.unsqueeze(-2), out=excess).clamp_min_(0).sum(-1)
         gain = torch.where(allowed, gain, -1.0).masked_fill(chosen, float("-inf"))
         idx = stable_argmax(gain)
         best = gain.gather(-1, idx.unsqueeze(-1)).squeeze(-1)

@@ -96,6 +96,9 @@ class TiledMergePlan(MergePlan):
         self._unmerge = (hard_assignment(assign) if unmerge == "hard" else assign).transpose(-1, -2)
         self._cast_cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
         self._index = self._raster_destinations()
+        # merge and unmerge run in every merged block: their folds are one index_select each
+        self._fold_index = grid.fold_index(self.device)
+        self._unfold_index = grid.unfold_index(self.device)
 
     @property
     def slot_valid(self) -> torch.Tensor:
@@ -140,7 +143,9 @@ class TiledMergePlan(MergePlan):
         return self.cluster_sizes().log()
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
-        tiles = self.grid.fold(x)
+        # Padded positions read a real token of their tile; the merge matrix gives them weight 0.
+        tiles = x.index_select(1, self._fold_index.to(x.device))
+        tiles = tiles.view(x.shape[0], self.grid.num_tiles, self.grid.tile_tokens, x.shape[-1])
         merged = self._matrix("merge", x) @ tiles
         return self._keep(merged.flatten(1, 2))
 
@@ -148,7 +153,7 @@ class TiledMergePlan(MergePlan):
         if self.maps is not None:
             y = take_rows(y, self.maps[1])
         tiles = y.view(y.shape[0], self.grid.num_tiles, self.dst.shape[-1], y.shape[-1])
-        return self.grid.unfold(self._matrix("unmerge", y) @ tiles)
+        return (self._matrix("unmerge", y) @ tiles).flatten(1, 2).index_select(1, self._unfold_index.to(y.device))
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         if self.unmerge_mode == "output":
@@ -164,8 +169,11 @@ class TiledMergePlan(MergePlan):
 
 
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, L, C), index (B or 1, M) -> (B, M, C): rows of each sample (a gather, no scatter)."""
-    index = index.to(x.device).expand(x.shape[0], -1)
+    """x (B, L, C), index (B or 1, M) -> (B, M, C): rows of each sample (a gather, no scatter;
+    an index_select when every sample takes the same rows)."""
+    index = index.to(x.device)
+    if index.shape[0] == 1:
+        return x.index_select(1, index[0])
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
