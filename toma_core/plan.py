@@ -158,14 +158,28 @@ class TiledMergePlan(MergePlan):
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         if self.unmerge_mode == "output":
             return self.unmerge(merged_out)
-        return x + self.unmerge(merged_out - merged_in)
+        change = self.unmerge(merged_out - merged_in)
+        if change.shape == x.shape and change.dtype == x.dtype:
+            return change.add_(x)  # x + change, into the fresh tensor: no third (B, N, C) buffer
+        return x + change
 
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        moved = rows.movedim(dim, 1)
-        batch = torch.arange(self.batch, device=rows.device).unsqueeze(-1)
-        if moved.shape[0] == 1:
-            batch = torch.zeros_like(batch)
-        return moved[batch, self._index.to(rows.device)].movedim(1, dim)
+        return take_destinations(rows, self._index, dim)
+
+
+def take_destinations(rows: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """rows with N on `dim` (batch 1 or B in dim 0), index (B, D) -> the indexed rows, D on `dim`.
+
+    Batch-1 rows (rope tables) take one index_select, not advanced indexing (several times slower
+    on the CPU for Wan's (1, N, 1, C/2, 2, 2) table).
+    """
+    moved = rows.movedim(dim, 1)
+    index = index.to(rows.device)
+    if moved.shape[0] == 1:
+        taken = moved[0].index_select(0, index.flatten()).view(*index.shape, *moved.shape[2:])
+    else:
+        taken = moved[torch.arange(index.shape[0], device=rows.device).unsqueeze(-1), index]
+    return taken.movedim(1, dim)
 
 
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

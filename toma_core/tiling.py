@@ -172,12 +172,12 @@ class TileGrid:
         return torch.tensor(kept, device=device), torch.tensor(source, device=device)
 
     def fold(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros)."""
-        grid = x.view(x.shape[0], self.frames, self.height, self.width, x.shape[-1])
-        if self.padded:
-            pad_t, pad_h, pad_w = self.gt * self.tt - self.frames, self.gh * self.th - self.height, self.gw * self.tw - self.width
-            grid = torch.nn.functional.pad(grid, (0, 0, 0, pad_w, 0, pad_h, 0, pad_t))
-        return rearrange(grid, "b (gt tt) (gh th) (gw tw) c -> b (gt gh gw) (tt th tw) c", tt=self.tt, th=self.th, tw=self.tw)
+        """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros): one index_select."""
+        index = self.raster_index(x.device).flatten()
+        if self.padded:  # padded positions read an appended zero token
+            x = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[-1])], dim=1)
+            index = torch.where(index < 0, self.num_tokens, index)
+        return x.index_select(1, index).view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
 
     def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
         """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped): one index_select,
