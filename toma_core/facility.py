@@ -45,25 +45,30 @@ def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be in [1, {n}] (the number of tokens per tile)")
     s = sim.float()
-    allowed = torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device) if mask is None else ~mask
-    weight = allowed.float().unsqueeze(-2)
     # Shift so every similarity is >= 0: F(empty) = 0 with zero coverage, same greedy picks.
     s = s - s.amin(dim=(-1, -2), keepdim=True)
-    cover = torch.zeros_like(s[..., 0, :])
-    chosen = torch.zeros_like(allowed)
-    positions = torch.arange(n, device=s.device)
+    # What a candidate may not gain: -1 for a masked token (picked only when nothing else is left),
+    # -inf once chosen; added to the gains, so each pick costs no where / masked_fill pass.
+    closed = torch.zeros_like(s[..., 0, :])
+    if mask is not None:
+        # A masked token is never covered and covers nothing: its column and row stay 0 in s, so
+        # it adds exactly 0 to every gain and its own gain is exactly 0 (then -1).
+        s.masked_fill_(mask.unsqueeze(-1) | mask.unsqueeze(-2), 0.0)
+        closed.masked_fill_(mask, -1.0)
+    cover = torch.zeros_like(closed)
+    excess = torch.empty_like(s)
     picks, gains = [], []
     for _ in range(k):
-        gain = ((s - cover.unsqueeze(-2)).clamp_min(0) * weight).sum(-1)
-        gain = torch.where(allowed, gain, -1.0).masked_fill(chosen, float("-inf"))
+        # sum_j max(0, s_vj - cover_j) in one reused buffer: the greedy's cost is these k passes
+        gain = torch.sub(s, cover.unsqueeze(-2), out=excess).clamp_min_(0).sum(-1).add_(closed)
         idx = stable_argmax(gain)
-        best = gain.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+        pick = idx.unsqueeze(-1)
         picks.append(idx)
-        gains.append(best)
-        chosen = chosen | (positions == idx.unsqueeze(-1))
-        row = s.gather(-2, idx[..., None, None].expand(*idx.shape, 1, n)).squeeze(-2)
-        cover = torch.maximum(cover, row)
-    return torch.stack(picks, dim=-1), torch.stack(gains, dim=-1)
+        gains.append(gain.gather(-1, pick))
+        closed.scatter_(-1, pick, float("-inf"))
+        row = s.gather(-2, pick.unsqueeze(-1).expand(*idx.shape, 1, n)).squeeze(-2)
+        torch.maximum(cover, row, out=cover)
+    return torch.stack(picks, dim=-1), torch.cat(gains, dim=-1)
 
 
 def stable_argmax(gain: torch.Tensor) -> torch.Tensor:

@@ -96,6 +96,9 @@ class TiledMergePlan(MergePlan):
         self._unmerge = (hard_assignment(assign) if unmerge == "hard" else assign).transpose(-1, -2)
         self._cast_cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
         self._index = self._raster_destinations()
+        # merge and unmerge run in every merged block: their folds are one index_select each
+        self._fold_index = grid.fold_index(self.device)
+        self._unfold_index = grid.unfold_index(self.device)
 
     @property
     def slot_valid(self) -> torch.Tensor:
@@ -140,7 +143,9 @@ class TiledMergePlan(MergePlan):
         return self.cluster_sizes().log()
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
-        tiles = self.grid.fold(x)
+        # Padded positions read a real token of their tile; the merge matrix gives them weight 0.
+        tiles = x.index_select(1, self._fold_index.to(x.device))
+        tiles = tiles.view(x.shape[0], self.grid.num_tiles, self.grid.tile_tokens, x.shape[-1])
         merged = self._matrix("merge", x) @ tiles
         return self._keep(merged.flatten(1, 2))
 
@@ -148,24 +153,41 @@ class TiledMergePlan(MergePlan):
         if self.maps is not None:
             y = take_rows(y, self.maps[1])
         tiles = y.view(y.shape[0], self.grid.num_tiles, self.dst.shape[-1], y.shape[-1])
-        return self.grid.unfold(self._matrix("unmerge", y) @ tiles)
+        return (self._matrix("unmerge", y) @ tiles).flatten(1, 2).index_select(1, self._unfold_index.to(y.device))
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         if self.unmerge_mode == "output":
             return self.unmerge(merged_out)
-        return x + self.unmerge(merged_out - merged_in)
+        change = self.unmerge(merged_out - merged_in)
+        if change.shape == x.shape and change.dtype == x.dtype:
+            return change.add_(x)  # x + change, into the fresh tensor: no third (B, N, C) buffer
+        return x + change
 
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        moved = rows.movedim(dim, 1)
-        batch = torch.arange(self.batch, device=rows.device).unsqueeze(-1)
-        if moved.shape[0] == 1:
-            batch = torch.zeros_like(batch)
-        return moved[batch, self._index.to(rows.device)].movedim(1, dim)
+        return take_destinations(rows, self._index, dim)
+
+
+def take_destinations(rows: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """rows with N on `dim` (batch 1 or B in dim 0), index (B, D) -> the indexed rows, D on `dim`.
+
+    Batch-1 rows (rope tables) take one index_select, not advanced indexing (several times slower
+    on the CPU for Wan's (1, N, 1, C/2, 2, 2) table).
+    """
+    moved = rows.movedim(dim, 1)
+    index = index.to(rows.device)
+    if moved.shape[0] == 1:
+        taken = moved[0].index_select(0, index.flatten()).view(*index.shape, *moved.shape[2:])
+    else:
+        taken = moved[torch.arange(index.shape[0], device=rows.device).unsqueeze(-1), index]
+    return taken.movedim(1, dim)
 
 
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, L, C), index (B or 1, M) -> (B, M, C): rows of each sample (a gather, no scatter)."""
-    index = index.to(x.device).expand(x.shape[0], -1)
+    """x (B, L, C), index (B or 1, M) -> (B, M, C): rows of each sample (a gather, no scatter;
+    an index_select when every sample takes the same rows)."""
+    index = index.to(x.device)
+    if index.shape[0] == 1:
+        return x.index_select(1, index[0])
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
@@ -201,8 +223,9 @@ def assignment(dst_sim: torch.Tensor, slot_valid: torch.Tensor, temperature: flo
     # A tiny temperature (1e-300 is legal) must not give NaN: shifted by each token's best
     # destination, logits / temperature cannot overflow to +inf, and the temperature is clamped
     # to the smallest normal float of the logits' dtype, which it would otherwise round to 0.
-    shifted = logits - logits.amax(dim=-2, keepdim=True)
-    return torch.softmax(shifted / max(temperature, torch.finfo(logits.dtype).tiny), dim=-2)
+    # In place on the fresh logits: the same arithmetic, two (B, G, k, n) buffers fewer.
+    shifted = logits.sub_(logits.amax(dim=-2, keepdim=True))
+    return torch.softmax(shifted.div_(max(temperature, torch.finfo(logits.dtype).tiny)), dim=-2)
 
 
 def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.Tensor) -> torch.Tensor:
@@ -290,4 +313,4 @@ def make_plan(
     assign = assignment(dst_sim, slot_valid, temperature)
     if temperature == 0:
         assign = own_destinations(assign, dst, slot_valid)
-    return TiledMergePlan(grid, dst, assign.masked_fill(pad.unsqueeze(-2), 0.0), maps, unmerge)
+    return TiledMergePlan(grid, dst, assign.masked_fill_(pad.unsqueeze(-2), 0.0), maps, unmerge)

@@ -45,7 +45,9 @@ def unit_vectors(x: torch.Tensor) -> torch.Tensor:
     """
     scale = x.norm(dim=-1).mean(dim=1).clamp_min(1e-12) * 1e-4
     extra = scale.view(-1, 1, 1).expand(*x.shape[:-1], 1)
-    return torch.nn.functional.normalize(torch.cat([x, extra], dim=-1), dim=-1)
+    vectors = torch.cat([x, extra], dim=-1)
+    # torch.nn.functional.normalize's arithmetic (norm clamped to 1e-12), in place: one copy less
+    return vectors.div_(vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12))
 
 
 def pairwise(prepared: torch.Tensor, similarity: str) -> torch.Tensor:

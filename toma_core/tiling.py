@@ -126,6 +126,25 @@ class TileGrid:
         index = torch.where(real, (frames * self.height + rows) * self.width + cols, -1)
         return rearrange(index, "(gt tt) (gh th) (gw tw) -> (gt gh gw) (tt th tw)", tt=self.tt, th=self.th, tw=self.tw)
 
+    def fold_index(self, device: torch.device | None = None) -> torch.Tensor:
+        """(G*n,) the raster token each tile position reads, for a fold that is one index_select.
+
+        A padded position reads its tile's first token (always real), not zero: only for matmuls
+        that give padded positions zero weight (TiledMergePlan.merge), where the result is the
+        same and a non-finite token still reaches only its own tile, as with zero padding.
+        """
+        index = self.raster_index(device)
+        return torch.where(index < 0, index[:, :1], index).flatten()
+
+    def unfold_index(self, device: torch.device | None = None) -> torch.Tensor:
+        """(N,) the flat tile position (g * n + p) of every t-major raster token."""
+        frames = torch.arange(self.frames, device=device).view(-1, 1, 1)
+        rows = torch.arange(self.height, device=device).view(1, -1, 1)
+        cols = torch.arange(self.width, device=device).view(1, 1, -1)
+        tile = ((frames // self.tt) * self.gh + rows // self.th) * self.gw + cols // self.tw
+        position = ((frames % self.tt) * self.th + rows % self.th) * self.tw + cols % self.tw
+        return (tile * self.tile_tokens + position).flatten()
+
     def pad_mask(self, device: torch.device | None = None) -> torch.Tensor:
         """(G, n) bool, True at padded positions."""
         return self.raster_index(device) < 0
@@ -153,17 +172,14 @@ class TileGrid:
         return torch.tensor(kept, device=device), torch.tensor(source, device=device)
 
     def fold(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros)."""
-        grid = x.view(x.shape[0], self.frames, self.height, self.width, x.shape[-1])
-        if self.padded:
-            pad_t, pad_h, pad_w = self.gt * self.tt - self.frames, self.gh * self.th - self.height, self.gw * self.tw - self.width
-            grid = torch.nn.functional.pad(grid, (0, 0, 0, pad_w, 0, pad_h, 0, pad_t))
-        return rearrange(grid, "b (gt tt) (gh th) (gw tw) c -> b (gt gh gw) (tt th tw) c", tt=self.tt, th=self.th, tw=self.tw)
+        """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros): one index_select."""
+        index = self.raster_index(x.device).flatten()
+        if self.padded:  # padded positions read an appended zero token
+            x = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[-1])], dim=1)
+            index = torch.where(index < 0, self.num_tokens, index)
+        return x.index_select(1, index).view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
 
     def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
-        """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped)."""
-        grid = rearrange(
-            tiles, "b (gt gh gw) (tt th tw) c -> b (gt tt) (gh th) (gw tw) c", gt=self.gt, gh=self.gh, tt=self.tt, th=self.th,
-        )
-        grid = grid[:, : self.frames, : self.height, : self.width]
-        return grid.reshape(grid.shape[0], self.num_tokens, grid.shape[-1])
+        """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped): one index_select,
+        not a permute, a crop and a copy."""
+        return tiles.flatten(1, 2).index_select(1, self.unfold_index(tiles.device))

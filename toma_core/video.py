@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_plan_args, whole
-from .plan import MergePlan, make_plan
+from .plan import MergePlan, make_plan, take_destinations
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,7 @@ class SegmentPlan(MergePlan):
         return self.cluster_sizes().log() if self.merges else None
 
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        moved = rows.movedim(dim, 1)
-        index = self._index.to(rows.device)
-        if moved.shape[0] == 1:
-            taken = moved[0][index]
-        else:
-            taken = moved[torch.arange(self.batch, device=rows.device).unsqueeze(-1), index]
-        return taken.movedim(1, dim)
+        return take_destinations(rows, self._index, dim)
 
     def frame_of_kept(self, tokens_per_frame: int) -> torch.Tensor:
         """(B, D) frame of each merged token's destination (token index // tokens per frame)."""

@@ -284,6 +284,8 @@ def unmerge_span(out: torch.Tensor, start: int, plan: MergePlan, x: torch.Tensor
     """Block output out (B, L-N+D, C) -> (B, L, C): the merged span becomes x + U(out_span - x_m)."""
     d = plan.num_kept
     y = plan.unmerge_residual(x, x_m, out[:, start:start + d])
+    if start == 0 and d == out.shape[1]:
+        return y  # nothing around the span (Wan's img): no copy of all N tokens
     return torch.cat([out[:, :start], y, out[:, start + d:]], dim=1)
 
 
