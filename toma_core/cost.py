@@ -29,10 +29,10 @@ Calibration: MOVE is fitted to the merged / unmerged block times in CALIBRATION,
 project's CPU (one thread, fp32, real ComfyUI blocks at the real width, random weights; `python -m
 bench.speed.realsize measure`, figures in docs/realsize.md): every prediction there is within 12 %
 of its measurement; GREEDY and PLAN_MOVES are fitted to plan times at tile 4 / 8 / 16 and 1-4 frames
-(PLAN_CALIBRATION), within a factor 2.5 of each. `call_speedup_range` turns these two errors into the
-range a call's true speed-up lies in (BLOCK_ERROR, PLAN_ERROR). At tiny widths on a CPU the model predicts a small gain (the tiny test Flux,
-C 64), as its merged calls measure there; on a GPU such a call is launch-bound and the launch terms
-predict a loss.
+(PLAN_CALIBRATION), within a factor 2.5 of each. `call_speedup_range` turns these two errors
+(BLOCK_ERROR, PLAN_ERROR) into the range a call's speed-up is predicted in, whatever its blocks
+merge. At tiny widths on a CPU the model predicts a small gain (the tiny test Flux, C 64), as its
+merged calls measure there; on a GPU such a call is launch-bound and the launch terms predict a loss.
 Cross-attention to the text (UNet, Wan) and the per-sample modulation are left out: under 2 % of a
 real block.
 
