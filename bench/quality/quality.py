@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -472,8 +472,9 @@ class BlockRuns:
 
 @dataclass
 class Family:
-    """What sampling one fixture needs: model, conditioning, sampler settings, empty latent, and the
-    counter of its block runs."""
+    """What sampling one fixture needs: model, conditioning, sampler settings, empty latent, the
+    counter of its block runs, and its decoder (sampled latent -> image (H, W, 3) or clip (F, H, W, 3)
+    in [0, 1])."""
 
     name: str
     model: Any
@@ -482,6 +483,7 @@ class Family:
     sampler: dict[str, Any]
     latent: torch.Tensor
     runs: BlockRuns
+    decode: Callable[[torch.Tensor], np.ndarray]
 
 
 def load_family(name: str) -> Family:
@@ -490,15 +492,14 @@ def load_family(name: str) -> Family:
     positive, negative = trained.conditioning(name)
     model = trained.load_model(name)
     return Family(name, model, positive, negative, dict(trained.SAMPLER[name]),
-                  torch.zeros(trained.latent_shape(name)), BlockRuns(model.get_model_object("diffusion_model")))
+                  torch.zeros(trained.latent_shape(name)), BlockRuns(model.get_model_object("diffusion_model")),
+                  lambda z: trained.decode(name, z)[0].permute(1, 2, 0).double().numpy())
 
 
 def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[dict[str, float], np.ndarray, str, int]:
-    """Seconds of one whole comfy.sample.sample call on each of CLOCKS, the decoded image (H, W, 3),
+    """Seconds of one whole comfy.sample.sample call on each of CLOCKS, the decoded image (fam.decode),
     its log summary and the model calls that ran the blocks (BlockRuns)."""
     import comfy.sample
-
-    from harness import trained
 
     noise = comfy.sample.prepare_noise(fam.latent, seed)
     s = fam.sampler
@@ -508,7 +509,7 @@ def sample(fam: Family, variant: Variant, seed: int, tap: LogTap) -> tuple[dict[
     latent = comfy.sample.sample(variant.model, noise, variant.steps, s["cfg"], s["sampler_name"], s["scheduler"],
                                  fam.positive, fam.negative, fam.latent, seed=seed, disable_pbar=True)
     seconds = {name: clock() - start[name] for name, clock in CLOCKS.items()}
-    image = trained.decode(fam.name, latent)[0].permute(1, 2, 0).double().numpy()
+    image = fam.decode(latent)
     return seconds, image, "; ".join(tap.lines), fam.runs.count
 
 
@@ -577,16 +578,7 @@ def run_family(fam: Family, ref_steps: int, rows: list[dict[str, Any]], args: ar
     started = time.perf_counter()
     name = fam.name
     built = build_all(rows, name, fam.model, ref_steps)
-    variants = [v for v in built.values() if isinstance(v, Variant)]
-    reference = built[REFERENCE]
-    others = [v for v in variants if v is not reference]
-    measured = {v.row["label"]: Measured() for v in variants}
-    sample(fam, reference, 0, tap)  # warm-up, not counted
-    for repeat in range(args.repeats):
-        for seed in range(args.seeds):
-            run_pass(fam, pass_order(others, reference, seed, repeat), reference, seed, measured, tap)
-            print(f"  {name}: pass {repeat + 1}/{args.repeats}, seed {seed} done "
-                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+    measured = measure(fam, built, args.seeds, args.repeats, tap, f"{name} at {ref_steps} steps")
     results = [result_of(name, row, built[row["label"]], measured, args.seeds, args.clock) for row in rows]
     for r in results:
         r.regime = ref_steps
@@ -597,6 +589,23 @@ def run_family(fam: Family, ref_steps: int, rows: list[dict[str, Any]], args: ar
             "seconds": round(time.perf_counter() - started, 1)}
     images = {r.label: measured[row["label"]].images for r, row in zip(results, rows) if r.skipped is None}
     return results, meta, images
+
+
+def measure(fam: Family, built: dict[str, Variant | str], seeds: int, repeats: int, tap: LogTap,
+            name: str) -> dict[str, Measured]:
+    """Sample every built row (Variant) with seeds 0..seeds-1, `repeats` passes in shuffled orders
+    with the reference (label REFERENCE) re-run between them; what each row measured, by label."""
+    started = time.perf_counter()
+    variants = [v for v in built.values() if isinstance(v, Variant)]
+    reference = built[REFERENCE]
+    others = [v for v in variants if v is not reference]
+    measured = {v.row["label"]: Measured() for v in variants}
+    sample(fam, reference, 0, tap)  # warm-up, not counted
+    for repeat in range(repeats):
+        for seed in range(seeds):
+            run_pass(fam, pass_order(others, reference, seed, repeat), reference, seed, measured, tap)
+            print(f"  {name}: pass {repeat + 1}/{repeats}, seed {seed} done ({time.perf_counter() - started:.0f} s)", flush=True)
+    return measured
 
 
 def reference_jitter(seconds: list[float]) -> float:
