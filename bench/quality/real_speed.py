@@ -1,0 +1,141 @@
+"""Predicted real-size end-to-end speed-ups of the quality studies' rows (quality.py, video_quality.py).
+
+A fixture stands for a real model (``TARGETS``: Flux.1-dev and SDXL at 1024 and 2048 px, Wan 2.2 14B
+at 832 x 480 x 81, whose two experts are each shaped as the cost model's Wan 2.1 14B). A row is priced
+by what it runs, never by the fixture's clock:
+
+- its ToMA node, through the real-size cost model (bench/speed/realsize_model.py, real widths and
+  token counts) at the regime's step count: ``realsize_model.predict`` for scope "block";
+  ``keys_values_speedup`` for scope "keys_values". A fixture's block list (``auto`` included) is
+  mapped to the real depth by position, fixture block i of n -> the i-th n-th of the real blocks,
+  so the prediction prices the blocks whose quality was measured (UNet lists are priced as they are);
+- its step count and its step cache: ref_steps / the model calls that ran the model's blocks (a
+  call a cache skips costs nothing; the cache's own work is not priced);
+- a stack (ToMA + a cache): the ToMA prediction times the cache's ratio, as if the cache skipped
+  merged and unmerged calls alike.
+
+A regime of 20 or more steps prices the real model's own sampler at that step count (Flux: cfg 1,
+guidance-distilled; SDXL cfg 7; Wan 2.2's template CFG; a CFG run batches cond and uncond, which
+scales merged and unmerged calls alike); a regime of fewer steps prices cfg 1 (as step-distilled runs
+sample: the LightX2V Wan 2.2 template runs 4 steps at cfg 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..speed import realsize
+from ..speed import realsize_model as model
+from ..speed import realsize_setup as rs
+
+
+@dataclass(frozen=True)
+class Target:
+    """A real model a fixture stands for: the prediction's key, cost-model family, resolution, frames,
+    and the real block count of each stream the fixture's block lists map onto."""
+
+    key: str
+    family: str
+    resolution: str
+    frames: int
+    depths: tuple[tuple[str, int], ...]
+
+
+_FLUX = (("double", 19), ("single", 38))
+TARGETS: dict[str, tuple[Target, ...]] = {
+    "flux": (Target("Flux.1-dev 1024", "flux", "1024", 1, _FLUX), Target("Flux.1-dev 2048", "flux", "2048", 1, _FLUX)),
+    "sdxl": (Target("SDXL 1024", "sdxl", "1024", 1, ()), Target("SDXL 2048", "sdxl", "2048", 1, ())),
+    "wan": (Target("Wan 2.2 14B 480p x 81", "wan14b", "480p", 81, (("blocks", 40),)),),
+}
+"""Per fixture family, the real runs its rows are priced on (depths: Flux.1-dev's 19 double + 38
+single blocks, Wan 14B's 40; none for a UNet, whose block lists are priced as they are)."""
+
+FIXTURE_DEPTHS: dict[str, tuple[tuple[str, int], ...]] = {"flux": (("double", 4), ("single", 8)), "wan": (("blocks", 6),)}
+"""The fixtures' streams (harness/trained.py FLUX_CONFIG, harness/trained_video.py WAN_CONFIG)."""
+
+
+def real_blocks(blocks: str, fixture: str, target: Target) -> str:
+    """A fixture's `blocks` setting as the real model's block list, by position ("all" unchanged)."""
+    if not target.depths or blocks.strip().lower() == "all":
+        return blocks
+    parse = rs.pack_module("nodes.machinery.dit_blocks").parse_dit_blocks
+    chosen = parse(blocks, dict(FIXTURE_DEPTHS[fixture]))
+    real = {group: set() for group, _ in target.depths}
+    for (group, n), (_, depth) in zip(FIXTURE_DEPTHS[fixture], target.depths):
+        for i in getattr(chosen, group):
+            real[group].update(range(i * depth // n, (i + 1) * depth // n))
+    picked = rs.pack_module("nodes.machinery.dit_blocks").DitBlocks(tuple((g, frozenset(s)) for g, s in real.items()))
+    return picked.describe()
+
+
+def toma_inputs(chain: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The inputs (node defaults filled in) of the row's ToMA node, None when it has none."""
+    return next((link["inputs"] for link in chain if link["node"].startswith("ToMAPatch")), None)
+
+
+def keys_values_speedup(cost: model.FamilyCost, resolution: str, setting: model.Setting, frames: int, steps: int,
+                        plan_ms: Any, key_mass: bool) -> float:
+    """STAND-IN pricing of scope keys_values from the cost model's own fitted terms, until the cost
+    model prices the scope itself: a selected block keeps its per-token time (a + b L) and its
+    attention runs L queries over L_kv = D + text keys, heads * (alpha L L_kv e'/e + beta L), with e'/e
+    the head padded for the log-mass channel (e + 1 rounded up to a multiple of 8; 1 without
+    key_mass); the call's plans as for the block merge; the K / V merge itself is not priced."""
+    name = cost.name
+    width, height = rs.RESOLUTIONS[resolution]
+    grid = rs.grid_for(name, width, height, frames)
+    a, b = cost.nonblock["unmerged"]
+    unmerged = merged = a + b * grid.tokens
+    levels: dict[int, int] = {}
+    for site in rs.block_sites(name, setting.blocks):
+        level = grid.level(site.level)
+        n = level.tokens
+        curve = cost.curves[site.kind]
+        length = model.block_length(name, site.kind, n)
+        unmerged += curve.ms(length)
+        if not site.selected:
+            merged += curve.ms(length)
+            continue
+        heads, head = model.HEADS[name][site.kind]
+        pad = (-(-(head + 1) // 8) * 8) / head if key_mass else 1.0
+        kv = length - n + rs.kept_tokens(level, setting.ratio, setting.tile_size)
+        merged += curve.a + curve.b * length + curve.heads * (curve.alpha * length * kv * pad + curve.beta * length)
+        levels[site.level] = heads * head
+    plans = sum(plan_ms(grid.level(lv), c, setting.ratio, setting.tile_size) for lv, c in levels.items())
+    evals = rs.evaluations(name, resolution, setting.schedule(), steps)
+    total_u = unmerged * len(evals)
+    total_m = sum(merged + (plans if e.reselect else 0.0) if e.merge else unmerged for e in evals)
+    return total_u / total_m
+
+
+class Pricer:
+    """Predicts rows of one fixture family: the fitted costs and plan times loaded once."""
+
+    def __init__(self, fixture: str) -> None:
+        self.fixture = fixture
+        self.targets = TARGETS[fixture]
+        self.cache = realsize.load_cache(realsize.CACHE)
+        self.plans = realsize.PlanTimes(self.cache, "cpu")
+        self.costs = {t.family: model.fit_family(t.family, self.cache) for t in self.targets}
+
+    def toma(self, target: Target, inputs: dict[str, Any], ref_steps: int) -> float:
+        """The predicted speed-up of a ToMA node's inputs on `target` at ref_steps steps (see the module docstring)."""
+        cfg = None if ref_steps >= 20 else 1.0
+        setting = model.Setting(inputs["ratio"], inputs["tile_size"], inputs["start_percent"], inputs["end_percent"],
+                                inputs["recompute_every"], inputs["merge_every"],
+                                real_blocks(inputs.get("blocks", "auto"), self.fixture, target))
+        cost = self.costs[target.family]
+        if inputs.get("scope", "block") == "keys_values":
+            return keys_values_speedup(cost, target.resolution, setting, target.frames, ref_steps, self.plans,
+                                       inputs.get("key_mass", True))
+        return model.predict(cost, target.resolution, setting, target.frames, ref_steps, cfg=cfg, plan_ms=self.plans).speedup
+
+    def price(self, chain: list[dict[str, Any]], ref_steps: int, computed_steps: float) -> dict[str, float]:
+        """{target key: predicted end-to-end speed-up} of a row that ran `computed_steps` model calls."""
+        inputs = toma_inputs(chain)
+        calls = ref_steps / computed_steps
+        out = {}
+        for target in self.targets:
+            merged = 1.0 if inputs is None or inputs["ratio"] == 0 else self.toma(target, inputs, ref_steps)
+            out[target.key] = round(merged * calls, 3)
+        return out
