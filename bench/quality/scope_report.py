@@ -210,7 +210,7 @@ def row_table(points: list[Point], regime: int, targets: list[str], video: bool)
     first target's speed-up and the margin over it."""
     first = targets[0]
     worst = "worst frame PSNR" if video else "PSNR min"
-    head = (f"| row | method | model calls | " + " | ".join(f"{t} pred." for t in targets)
+    head = ("| row | method | model calls | " + " | ".join(f"{t} pred." for t in targets)
             + f" | PSNR mean (dB) | {worst} | SSIM" + (" | flicker" if video else "")
             + f" | fewer steps at the {first} speed-up (dB) | margin (dB) |")
     lines = [head, "|---|---|" + "---:|" * (head.count("|") - 3)]

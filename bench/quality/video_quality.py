@@ -3,30 +3,33 @@
     COMFYUI_PATH=/path/to/ComfyUI TOMA_THIRD_PARTY=/path/to/packs OMP_NUM_THREADS=1 python -m bench.quality.video_quality
     python -m bench.quality.video_quality --quick --out /tmp/vq                                  # smoke run
 
-The video counterpart of ``bench/quality/quality.py``, on its harness: every row is a chain of
-nodes as a user wires them (the pack's ToMA Patch (Advanced), ComfyUI's EasyCache, the real
-TeaCache / MagCache packs from ``harness/third_party.py``), each called with its schema's
-defaults for what the row leaves out; every row samples the same seeds through
-``comfy.sample.sample`` (``trained_video.SAMPLER``: euler, simple, cfg 1) and the latent is decoded
-with the fixture's clip codec. Three regimes (``REGIMES``): the full 20 steps, and the few-step
-regime at 8 and 4 steps (how step-distilled Wan runs), each against its own unpatched reference.
+The video counterpart of ``bench/quality/quality.py``, on its machinery (rows are chains of nodes as
+a user wires them, ``quality.build_variant``; sampled in shuffled turns with the reference re-run
+between them, ``quality.measure``): the pack's ToMA Patch (Advanced), ComfyUI's EasyCache and
+LazyCache, the real TeaCache / MagCache packs (``quality.THIRD_PARTY``; they import on ComfyUI
+0.3.64, not on 0.33), each called with its schema's defaults for what the row leaves out; every row
+samples the same seeds through ``comfy.sample.sample`` (``trained_video.SAMPLER``: euler, simple, cfg
+1) and the latent is decoded with the fixture's clip codec. Three regimes (``REGIMES``): the full 20
+steps, and 8 and 4 steps (how step-distilled Wan runs: the LightX2V Wan 2.2 template samples 4), each
+against its own unpatched reference. The rows: the scope study of quality.py (block merge at ratio
+0.25 / 0.5 / 0.75, keys/values at 0.5 / 0.75 / 0.9, tile 4 and 8, with and without the log-mass weight,
+from step 0 and from 40 %), keys/values at 1 and 2 tile frames, fewer steps, the caches; ``--add``
+stacks.
 
 Per row, against the unpatched clip of the regime's step count and the same seed:
 - per-frame PSNR / SSIM: mean over frames and seeds, and the worst frame of any seed;
 - flicker: ||D(x) - D(ref)|| / ||D(ref)||, D the frame-to-frame differences x[f+1] - x[f] (0 when
   the clip moves exactly as the reference does; flicker that per-frame errors average away shows
-  here), mean over seeds and the worst frame pair;
-- speed-up on the fixture: the whole sampling call against the reference, timed in turns as in
-  quality.py (rows shuffled, the reference re-run every REF_EVERY rows, the mean of the two
-  reference calls around a row over its own time, median over seeds), on this process's CPU clock;
-- predicted speed-up on Wan 2.1 14B (832 x 480 x 81) and 1.3B (480p) from the real-size cost model
-  (``bench/speed/realsize_model.py``, real block widths and token counts; it prices tile_size, not
-  tile_frames). A fixture block list is mapped to the real depth by position (block i of 6 -> the
-  i-th sixth of the real blocks); ``auto`` stays ``auto``. Step caches and fewer steps are priced by
-  the model calls that ran their blocks (steps / computed steps; a cache's own cost is not priced).
+  here), mean over seeds and the worst frame pair (harness/metrics.py ``clip_metrics``);
+- speed-up on the fixture: the whole sampling call against the reference, on this process's CPU
+  clock (a tiny model on a CPU: not what a user sees);
+- predicted end-to-end speed-up on Wan 2.2 14B at 832 x 480 x 81 (``real_speed.py``: the real-size
+  cost model for the ToMA node, with the fixture's block list mapped to the real depth by position;
+  fewer steps and step caches by the model calls that ran the blocks).
 
 ToMA rows set min_tokens 0, as ``trained.patch_at_node_defaults`` explains (the fixture's width is
-far below a real model's). Outputs under --out: video_quality.json, video_quality.md, frames.png.
+far below a real model's). Outputs under --out: video_quality.json, video_quality.md, frames.png
+(reference | best keys/values | best block merge | fewer steps | best cache, seed 0, 20 steps).
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ from .. import cli
 from . import quality
 
 BENCH = Path(__file__).resolve().parents[1]
-REF_EVERY = quality.REF_EVERY
 BASE = {"ratio": 0.5, "tile_size": 4, "start_percent": 0.0, "end_percent": 1.0, "recompute_every": 1,
         "merge_every": 1, "blocks": "auto", "min_tokens": 0}
 """Pinned inputs of every ToMA row (the paper's every-step schedule, tile 4, the node's tile_frames)."""
@@ -112,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 2, --quick 1)")
     p.add_argument("--quick", action="store_true", help="a few rows only (smoke test)")
     p.add_argument("--rows", type=re.compile, default=None, metavar="REGEX",
-                   help="only rows whose label matches (and the reference)")
+                   help="only rows whose label matches (the reference and fewer-steps rows always run)")
     p.add_argument("--add", action="append", default=[], metavar="CHAIN", type=quality.parse_chain,
                    help="an extra row in every regime, as quality.py's --add")
     p.add_argument("--steps", type=int, default=0, help="override every regime's reference step count (smoke tests)")
@@ -121,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"])
     p.add_argument("--out", type=Path, default=BENCH / "out" / "video_quality")
     p.add_argument("--picture", default=None, metavar="LABEL",
-                   help="no sampling: redraw --out's frames.png from its json and clips.npz with this row as ToMA's")
+                   help="no sampling: redraw --out's frames.png from its json and clips.npz with this row as the ToMA row")
     args = p.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 2)
     args.device, args.dtype, args.clock = "cpu", "fp32", "cpu" if args.threads == 1 else "wall"
@@ -194,7 +196,8 @@ def run_regime(name: str, args: argparse.Namespace, tap: quality.LogTap,
     first-pass clips by label and seed."""
     ref_steps, rows = REGIMES[name]
     ref_steps = args.steps or ref_steps
-    rows = [r for r in rows if r is REFERENCE or (args.rows.search(r["label"]) if args.rows else r["quick"] or not args.quick)]
+    always = ("reference", "fewer steps")
+    rows = [r for r in rows if r["group"] in always or (args.rows.search(r["label"]) if args.rows else r["quick"] or not args.quick)]
     rows += args.add
     nodes = quality.node_classes()
     built = {r["label"]: quality.build_variant(r, fam.name, fam.model, ref_steps, nodes) for r in rows}
