@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, groups, video in (("scope.md", args.image, False), ("scope_video.md", [args.video] if args.video else [], True)):
         if not groups:
             continue
-        lines = [HEAD, ""]
+        command = " ".join(["COMFYUI_PATH=/path/to/ComfyUI python -m bench.quality.scope_report", *sys.argv[1:]])
+        lines = [HEAD, "", "```bash", command, "```", ""]
         for folders in groups:
             run = load(folders, video)
             price(run)
