@@ -54,3 +54,8 @@ def test_fixture_blocks_map_to_the_real_depth_by_position() -> None:
     assert real_speed.real_blocks("blocks:0-5", "wan", wan) == "blocks:0-39"
     assert real_speed.real_blocks("all", "flux", flux) == "all"
     assert real_speed.real_blocks("auto", "sdxl", sdxl) == "auto"  # UNet lists are priced as they are
+
+
+def test_mean_mse_psnr_counts_an_identical_seed_as_no_error() -> None:
+    assert scope_report.mse_psnr([20.0, 20.0]) == pytest.approx(20.0)
+    assert scope_report.mse_psnr([20.0, math.inf]) == pytest.approx(20.0 + 10 * math.log10(2))

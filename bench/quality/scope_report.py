@@ -105,10 +105,22 @@ def image_points(data: dict[str, Any]) -> tuple[list[Point], dict[int, dict], di
         if r["skipped"] is not None:
             skipped.setdefault(regime, []).append(f"{r['label']} ({r['skipped']})")
             continue
-        points.append(Point(r["family"], regime, r["label"], r["group"], r["params"]["steps"], r["params"]["chain"],
-                            r.get("computed_steps") or r["params"]["steps"], r["psnr_mean"], r["ssim_mean"], r["psnr_min"],
+        psnr, label = r["psnr_mean"], r["label"]
+        seeds = r.get("psnr_per_seed") or []
+        if math.isinf(psnr) and any(math.isfinite(v) for v in seeds):
+            psnr = mse_psnr(seeds)
+            same = [str(i) for i, v in enumerate(seeds) if math.isinf(v)]
+            label = f"{label} (seed {', '.join(same)} identical; PSNR of the mean MSE)"
+        points.append(Point(r["family"], regime, label, r["group"], r["params"]["steps"], r["params"]["chain"],
+                            r.get("computed_steps") or r["params"]["steps"], psnr, r["ssim_mean"], r["psnr_min"],
                             tree=_tree(data["setup"])))
     return points, metas, skipped
+
+
+def mse_psnr(psnrs: list[float]) -> float:
+    """PSNR of the mean squared error over seeds (an identical seed counts as error 0), for rows whose
+    mean PSNR is inf because a cache skipped nothing on some seeds."""
+    return -10 * math.log10(sum(10 ** (-v / 10) for v in psnrs) / len(psnrs))
 
 
 def video_points(data: dict[str, Any]) -> tuple[list[Point], dict[int, dict], dict[int, list[str]]]:
