@@ -456,16 +456,21 @@ def summary(line: str) -> str:
 
 
 class BlockRuns:
-    """Counts runs of a model's last transformer block (Flux's last single block, a UNet's last
-    output block, Wan's last block): a step cache that skips a model call runs none."""
+    """Counts runs of a model's last transformer block (Flux's last single block, Wan's last block;
+    TeaCache and MagCache skip the blocks, not the final layer) or of a UNet's output convolution
+    (``out``: ComfyUI calls the layers inside its output blocks, never the blocks as modules): a step
+    cache that skips a model call runs none."""
 
     def __init__(self, diffusion_model: torch.nn.Module) -> None:
         self.count = 0
-        for name in ("single_blocks", "output_blocks", "blocks"):
+        for name in ("single_blocks", "blocks"):
             if hasattr(diffusion_model, name):
                 getattr(diffusion_model, name)[-1].register_forward_hook(self._hook)
                 return
-        raise ValueError(f"{type(diffusion_model).__name__} has no single_blocks, output_blocks or blocks to count")
+        if hasattr(diffusion_model, "output_blocks"):
+            diffusion_model.out.register_forward_hook(self._hook)
+            return
+        raise ValueError(f"{type(diffusion_model).__name__} has no single_blocks, blocks or output_blocks to count")
 
     def _hook(self, *_: Any) -> None:
         self.count += 1
