@@ -5,9 +5,9 @@
 
 Reads quality.py runs (quality.json, one --image per fixture) and video_quality.py runs
 (video_quality.json): the first folder of a group is the main run; later ones (another ComfyUI tree,
-e.g. the third-party caches that import on 0.3.64 only, or stack rows added later) add their rows
-that the main run lacks, and the report names their tree and checks that their fewer-steps rows match
-the main run's. Every row is priced by real_speed.py (predicted real-size end-to-end speed-up,
+e.g. the third-party caches that import on 0.3.64 only, stack rows added later, a re-run) add their
+rows, replacing the main run's rows of the same label, and the report names their tree and checks
+that their fewer-steps rows match the main run's. Every row is priced by real_speed.py (predicted real-size end-to-end speed-up,
 never the fixture's clock) and drawn as one marker per method: keys/values (with and without the
 log-mass weight), block merge, fewer steps (a line), each step cache, and the stack (ToMA + a cache).
 
@@ -139,7 +139,7 @@ def video_points(data: dict[str, Any]) -> tuple[list[Point], dict[int, dict], di
 
 
 def load(folders: list[Path], video: bool) -> Run:
-    """One fixture's run from its folders: the first is the main run, later ones add rows it lacks."""
+    """One fixture's run from its folders: the first is the main run, later ones add (or replace) rows."""
     points: list[Point] = []
     metas: dict[int, dict] = {}
     skipped: dict[int, list[str]] = {}
@@ -152,14 +152,14 @@ def load(folders: list[Path], video: bool) -> Run:
         if i == 0:
             points, metas, skipped = new, run_metas, run_skipped
             continue
-        have = {(p.regime, p.label) for p in points}
         steps_check = [(p, q) for p in new for q in points
                        if (p.regime, p.label) == (q.regime, q.label) and p.method == FEWER]
         if steps_check:
             worst = max(abs(p.psnr - q.psnr) for p, q in steps_check)
             notes.append(f"{_tree(data['setup'])} rows ({folder.name}): its fewer-steps rows differ from the main run's "
                          f"by at most {worst:.2f} dB ({len(steps_check)} rows)")
-        points += [p for p in new if (p.regime, p.label) not in have and p.method not in (None, FEWER)]
+        rows = {(p.regime, p.label) for p in new if p.method not in (None, FEWER)}
+        points = [p for p in points if (p.regime, p.label) not in rows] + [p for p in new if (p.regime, p.label) in rows]
         for regime, reasons in run_skipped.items():
             skipped.setdefault(regime, []).extend(f"{reason} [{_tree(data['setup'])}]" for reason in reasons)
     measured = {(p.regime, p.label) for p in points}
