@@ -123,7 +123,7 @@ def _scope(scope: str, ratio: float, start: float, tile: int = 4, key_mass: bool
             "chain": [("ToMAPatchAdvanced", inputs | ({} if key_mass else {"key_mass": False}))]}
 
 
-def _stack(ratio: float, start: float, tile: int, node: str, threshold: float) -> dict[str, Any]:
+def stack_row(ratio: float, start: float, tile: int, node: str, threshold: float) -> dict[str, Any]:
     """The keys/values row (_scope) with a step cache after it, as a user chains them: "stack KV 0.75
     start 0.4 tile 4 + LazyCache 0.2"."""
     kv = _scope("keys_values", ratio, start, tile)
@@ -189,7 +189,7 @@ ROWS: list[dict[str, Any]] = [
      "chain": [("ToMAPatchAdvanced", PINNED | {"ratio": 0.0, "scope": "keys_values", "min_tokens": 0})]},
     *(_scope("keys_values", r, st, t, mass) for mass in (True, False) for r in SCOPE_RATIOS["keys_values"]
       for st in SCOPE_STARTS for t in KV_TILES),
-    *(_stack(r, 0.4, 4, node, t) for r in (0.5, 0.75) for node, t in STACK_CACHES),
+    *(stack_row(r, 0.4, 4, node, t) for r in (0.5, 0.75) for node, t in STACK_CACHES),
 ]
 """Every row of the bench. "quick": in the --quick set. "only": families the row applies to (empty: all).
 Group "check": ratio 0 must give the reference image bit for bit (PSNR inf); it is no trade-off."""

@@ -93,10 +93,16 @@ CACHES = [*(cache("EasyCache", quick=t == 0.1, reuse_threshold=t) for t in (0.05
 coefficients; quality.THIRD_PARTY); the highest thresholds are for the few-step regimes."""
 
 
+STACKS = [quality.stack_row(r, 0.4, 4, node, t) for r in (0.5, 0.75)
+          for node, t in (("LazyCache", 0.2), ("LazyCache", 1.0), ("TeaCache", 0.1), ("MagCache", 0.06))]
+"""Keys/values from 40 % with the Wan fixture's best cache rows after it (LazyCache 0.2 at 20 and 8
+steps, 1 at 4 steps; TeaCache / MagCache on ComfyUI 0.3.64)."""
+
+
 def regime_rows(steps: int, fewer: tuple[int, ...]) -> list[dict[str, Any]]:
     """A regime: the unpatched reference at `steps`, the `fewer` step counts, the node defaults, the
-    scope study, the caches."""
-    return [REFERENCE, *(steps_row(s, steps, quick=True) for s in fewer), NODE_DEFAULTS, *scope_rows(), *CACHES]
+    scope study, the caches, the stacks."""
+    return [REFERENCE, *(steps_row(s, steps, quick=True) for s in fewer), NODE_DEFAULTS, *scope_rows(), *CACHES, *STACKS]
 
 
 REGIMES: dict[str, tuple[int, list[dict[str, Any]]]] = {
