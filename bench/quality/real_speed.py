@@ -131,7 +131,11 @@ class Pricer:
         return model.predict(cost, target.resolution, setting, target.frames, ref_steps, cfg=cfg, plan_ms=self.plans).speedup
 
     def price(self, chain: list[dict[str, Any]], ref_steps: int, computed_steps: float) -> dict[str, float]:
-        """{target key: predicted end-to-end speed-up} of a row that ran `computed_steps` model calls."""
+        """{target key: predicted end-to-end speed-up} of a row that ran `computed_steps` model calls;
+        {} when no call ran the model's blocks (a cache that reused one output for every step: no
+        price, since nothing was computed)."""
+        if computed_steps <= 0:
+            return {}
         inputs = toma_inputs(chain)
         calls = ref_steps / computed_steps
         out = {}

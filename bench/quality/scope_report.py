@@ -174,6 +174,9 @@ def price(run: Run) -> None:
     pricer = real_speed.Pricer(run.fixture)
     for p in run.points:
         p.predicted = pricer.price(p.chain, p.regime, p.computed)
+    for p in [p for p in run.points if not p.predicted]:
+        run.skipped.setdefault(p.regime, []).append(f"{p.label} (no model call ran the blocks: not priced, {p.psnr:.1f} dB)")
+    run.points = [p for p in run.points if p.predicted]
 
 
 # ------------------------------------------------------------------------------ comparisons
