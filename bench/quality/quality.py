@@ -42,6 +42,7 @@ import json
 import logging
 import random
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -734,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
             metas.append(meta)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality.json").write_text(json.dumps(
-        {"setup": header, "command": " ".join(["python", "-m", "bench.quality.quality", *sys.argv[1:]]), "families": metas, "rows": [asdict(r) for r in results]},
+        {"setup": header, "command": shlex.join(["python", "-m", "bench.quality.quality", *sys.argv[1:]]), "families": metas, "rows": [asdict(r) for r in results]},
         indent=1))
     table = quality_report.markdown(header, metas, results)
     (args.out / "quality.md").write_text(table)

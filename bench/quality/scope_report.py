@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,8 @@ class Run:
     setups: list[str]
     skipped: dict[int, list[str]]
     notes: list[str]
+    frames: Path | None = None
+    """The main video run's frames picture (video_quality.py: seed 0 at 20 steps)."""
 
 
 def _tree(setup: str) -> str:
@@ -166,7 +169,8 @@ def load(folders: list[Path], video: bool) -> Run:
     skipped = {regime: [r for r in reasons if (regime, r.split(" (")[0]) not in measured and "are already run" not in r]
                for regime, reasons in skipped.items()}
     fixture = points[0].fixture
-    return Run(fixture, points, metas, commands, setups, skipped, notes)
+    frames = folders[0] / "frames.png"
+    return Run(fixture, points, metas, commands, setups, skipped, notes, frames if video and frames.is_file() else None)
 
 
 def price(run: Run) -> None:
@@ -285,6 +289,13 @@ def section(run: Run, out: Path, video: bool) -> list[str]:
     targets = [t.key for t in real_speed.TARGETS[run.fixture]]
     lines = [f"### {run.fixture}", "", "```bash", *run.commands, "```", ""]
     lines += [f"Main run: {run.setups[0].rstrip('; ')}."] + [f"{note}." for note in run.notes] + [""]
+    if run.frames is not None:
+        name = f"methods_{run.fixture}_frames.png"
+        shutil.copyfile(run.frames, out / name)
+        lines += [f"![frames 0-8 of seed 0 at 20 steps]({name})", "",
+                  "Frames 0-8 of seed 0 at 20 steps: the unpatched clip, the best keys/values and block-merge rows, "
+                  "the fewer-steps row nearest the keys/values row's predicted time, the best cache at least 0.8x as fast "
+                  "(predicted speed-up on Wan 2.2 14B and PSNR on the left).", ""]
     for regime in sorted(run.metas, reverse=True):
         points = [p for p in run.points if p.regime == regime]
         name = f"methods_{run.fixture}_{regime}.png"

@@ -38,6 +38,7 @@ import argparse
 import json
 import logging
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_predict:
         video_report.add_predictions(results, metas)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "-m", "bench.quality.video_quality", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "bench.quality.video_quality", *sys.argv[1:]])
     (args.out / "video_quality.json").write_text(json.dumps(
         {"setup": header, "command": command, "regimes": metas, "rows": [asdict(r) for r in results]}, indent=1))
     table = video_report.markdown(header, command, metas, results)
