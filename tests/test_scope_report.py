@@ -59,3 +59,10 @@ def test_fixture_blocks_map_to_the_real_depth_by_position() -> None:
 def test_mean_mse_psnr_counts_an_identical_seed_as_no_error() -> None:
     assert scope_report.mse_psnr([20.0, 20.0]) == pytest.approx(20.0)
     assert scope_report.mse_psnr([20.0, math.inf]) == pytest.approx(20.0 + 10 * math.log10(2))
+
+
+def test_merged_share_reads_the_run_lines() -> None:
+    log = "LazyCache - skipped 7/20 steps (1.54x speedup).; 1024->512 tokens (32x32); merged 7/20 steps, 7/13 calls"
+    assert scope_report.merged_share(log) == pytest.approx(7 / 13)
+    assert scope_report.merged_share("1024->512 tokens (32x32); merged 0/20 steps, 0/20 calls") == 0
+    assert scope_report.merged_share("EasyCache - skipped 6/20 steps (1.43x speedup).") is None

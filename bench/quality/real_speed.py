@@ -11,8 +11,10 @@ by what it runs, never by the fixture's clock:
   so the prediction prices the blocks whose quality was measured (UNet lists are priced as they are);
 - its step count and its step cache: ref_steps / the model calls that ran the model's blocks (a
   call a cache skips costs nothing; the cache's own work is not priced);
-- a stack (ToMA + a cache): the ToMA prediction times the cache's ratio, as if the cache skipped
-  merged and unmerged calls alike.
+- a stack (ToMA + a cache): call by call, from the share of its computed calls ToMA merged (its run
+  line): a merged call at the cost model's merged-call time, the others unmerged (a stack whose
+  cache keeps ToMA from merging, as TeaCache's and MagCache's own Flux forward do, is priced as the
+  cache alone).
 
 A regime of 20 or more steps prices the real model's own sampler at that step count (Flux: cfg 1,
 guidance-distilled; SDXL cfg 7; Wan 2.2's template CFG; a CFG run batches cond and uncond, which
@@ -130,16 +132,26 @@ class Pricer:
                                        inputs.get("key_mass", True))
         return model.predict(cost, target.resolution, setting, target.frames, ref_steps, cfg=cfg, plan_ms=self.plans).speedup
 
-    def price(self, chain: list[dict[str, Any]], ref_steps: int, computed_steps: float) -> dict[str, float]:
+    def price(self, chain: list[dict[str, Any]], ref_steps: int, computed_steps: float,
+              merged_share: float | None = None) -> dict[str, float]:
         """{target key: predicted end-to-end speed-up} of a row that ran `computed_steps` model calls;
         {} when no call ran the model's blocks (a cache that reused one output for every step: no
-        price, since nothing was computed)."""
+        price, since nothing was computed). A stack (ToMA and a cache) with `merged_share`, the share
+        of its computed calls ToMA merged (its run line), is priced call by call: each merged call at
+        the cost model's merged-call time (the setting on every step), the others at the unmerged time."""
         if computed_steps <= 0:
             return {}
         inputs = toma_inputs(chain)
         calls = ref_steps / computed_steps
+        cached = any(not link["node"].startswith("ToMAPatch") for link in chain)
         out = {}
         for target in self.targets:
-            merged = 1.0 if inputs is None or inputs["ratio"] == 0 else self.toma(target, inputs, ref_steps)
+            if inputs is None or inputs["ratio"] == 0 or merged_share == 0:
+                merged = 1.0
+            elif cached and merged_share is not None:
+                every_step = self.toma(target, inputs | {"start_percent": 0.0, "end_percent": 1.0}, ref_steps)
+                merged = 1.0 / (1.0 - merged_share + merged_share / every_step)
+            else:
+                merged = self.toma(target, inputs, ref_steps)
             out[target.key] = round(merged * calls, 3)
         return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class Point:
     ssim: float
     worst: float
     flicker: float | None = None
+    log: str = ""
     tree: str = ""
     predicted: dict[str, float] = field(default_factory=dict)
 
@@ -116,7 +118,7 @@ def image_points(data: dict[str, Any]) -> tuple[list[Point], dict[int, dict], di
             label = f"{label} (seed {', '.join(same)} identical; PSNR of the mean MSE)"
         points.append(Point(r["family"], regime, label, r["group"], r["params"]["steps"], r["params"]["chain"],
                             r.get("computed_steps") or r["params"]["steps"], psnr, r["ssim_mean"], r["psnr_min"],
-                            tree=_tree(data["setup"])))
+                            log=r.get("log", ""), tree=_tree(data["setup"])))
     return points, metas, skipped
 
 
@@ -137,7 +139,7 @@ def video_points(data: dict[str, Any]) -> tuple[list[Point], dict[int, dict], di
             continue
         points.append(Point("wan", regime, r["label"], r["group"], r["params"]["steps"], r["params"]["chain"],
                             r["computed_steps"], r["psnr_mean"], r["ssim_mean"], r["psnr_worst_frame"], r["flicker_mean"],
-                            tree=_tree(data["setup"])))
+                            log=r.get("log", ""), tree=_tree(data["setup"])))
     return points, {m["steps"]: m for m in data["regimes"]}, skipped
 
 
@@ -173,14 +175,26 @@ def load(folders: list[Path], video: bool) -> Run:
     return Run(fixture, points, metas, commands, setups, skipped, notes, frames if video and frames.is_file() else None)
 
 
+MERGED = re.compile(r"merged \d+/\d+ steps, (\d+)/(\d+) calls")
+
+
+def merged_share(log: str) -> float | None:
+    """The share of a row's model calls ToMA merged, from its run lines (mean over seeds and passes);
+    None without a ToMA run line."""
+    found = [(int(a), int(b)) for a, b in MERGED.findall(log)]
+    return None if not found else sum(a for a, _ in found) / max(1, sum(b for _, b in found))
+
+
 def price(run: Run) -> None:
     """Fill every point's predicted speed-ups (real_speed.Pricer)."""
     pricer = real_speed.Pricer(run.fixture)
     for p in run.points:
-        p.predicted = pricer.price(p.chain, p.regime, p.computed)
+        p.predicted = pricer.price(p.chain, p.regime, p.computed, merged_share(p.log))
     for p in [p for p in run.points if not p.predicted]:
         run.skipped.setdefault(p.regime, []).append(f"{p.label} (no model call ran the blocks: not priced, {p.psnr:.1f} dB)")
-    run.points = [p for p in run.points if p.predicted]
+    for p in [p for p in run.points if p.method == "stack" and merged_share(p.log) == 0]:
+        run.skipped.setdefault(p.regime, []).append(f"{p.label} [{p.tree}] (ToMA merged no call under the cache: the cache alone, {p.psnr:.1f} dB)")
+    run.points = [p for p in run.points if p.predicted and not (p.method == "stack" and merged_share(p.log) == 0)]
 
 
 # ------------------------------------------------------------------------------ comparisons
