@@ -11,9 +11,11 @@ join its attention in a joint-attention DiT such as Flux):
 and values, L_kv = D + T + R, in heads padded from e to e' = padded_head(e) channels for the
 log-mass channel (toma_core/keys_values.py):
 
-    keys_values = linear * L * C^2 + ATTENTION * L * L_kv * C * e' / e + KV_MOVE * N * C
+    keys_values = linear * L * C^2 + ATTENTION * L * L_kv * C * e' / e + (KV_MERGE * k + KV_MOVE) * N * C
 
-so only attention shrinks, and the gain is bounded by the attention's share of the block), times the batch B, and the kernel launches, priced at LAUNCH[device] flop-equivalents each
+with k = n (1 - ratio) destinations per plan tile of n tokens: only attention shrinks, and the gain
+is bounded by the attention's share of the block), times the batch B, and the kernel launches,
+priced at LAUNCH[device] flop-equivalents each
 (BLOCK_OPS per block, MERGE_OPS more per merged block, PLAN_OPS per plan). A CPU runs the launches
 and the work one after the other (their sum); a GPU launches asynchronously, so a block takes the
 longer of its work and its launches: a small call that merging would shorten is launch-bound and
@@ -77,10 +79,14 @@ MOVE = 1000.0
 """Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
 (memory-bound); fitted to CALIBRATION."""
 
-KV_MOVE = 1000.0
-"""Flop-equivalents per image token and channel of one keys/values block's K / V merge, the cat of the
-rows around them, and the copies that pad q / k / v to e' and take the output's e channels back
-(memory-bound); fitted to KV_CALIBRATION."""
+KV_MERGE = 4.0
+"""Flop-equivalents per image token, channel and tile destination of a keys/values block's K / V merge:
+two (k, n) @ (n, C) matmuls per tile, 2 k n C flops each over n tokens; fitted with KV_MOVE to KV_CALIBRATION."""
+
+KV_MOVE = 50.0
+"""Flop-equivalents per image token and channel of a keys/values block's copies: the tiles folded, the
+rows around the merged ones, q / k / v padded to e' and the output's e channels taken back
+(memory-bound); fitted with KV_MERGE to KV_CALIBRATION."""
 
 PLAN_MOVES = 0.85
 """A call's plan costs this many MOVE passes over its image tokens (features, assignment), once per
@@ -196,12 +202,12 @@ def block_flops(block: BlockCost, tokens: float, others: float, attended: float 
     return work
 
 
-def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: float) -> float:
+def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: float, tile_tokens: int = TILE_TOKENS) -> float:
     """Flop-equivalents of one merged block's work, by its scope: on the kept tokens (scope "block"),
     its attention on them ("attention"), or every token attending over the kept keys
-    (keys_values_flops); plus the merge's memory-bound moves."""
+    (keys_values_flops, whose K / V merge grows with the tile); plus the merge's memory-bound moves."""
     if block.scope == "keys_values":
-        return keys_values_flops(block, tokens, others, kept)
+        return keys_values_flops(block, tokens, others, kept, tile_tokens)
     if block.scope == "block":
         work = block_flops(block, tokens * kept, others)
     else:
@@ -209,16 +215,18 @@ def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: flo
     return work + MOVE * tokens * block.width
 
 
-def keys_values_flops(block: BlockCost, tokens: float, others: float, kept: float) -> float:
+def keys_values_flops(block: BlockCost, tokens: float, others: float, kept: float, tile_tokens: int = TILE_TOKENS) -> float:
     """One keys/values block: its per-token layers on every token, its self-attention's L queries
-    over L_kv = D + others keys in heads padded to e' (the log-mass channel), plus the K / V merge
-    and the padding's copies (KV_MOVE)."""
+    over L_kv = D + others keys in heads padded to e' (the log-mass channel), plus the K / V merge:
+    the tiles' (k, n) @ (n, C) matmuls on K and V, KV_MERGE k flops per image token and channel
+    (k = n * kept destinations of a tile of n tokens), and the copies around them (KV_MOVE)."""
     extra = others if block.joint else 0.0
     work = block.linear * (tokens + extra) * block.width ** 2
     if block.attention:
         padding = padded_head(block.head) / block.head
         work += ATTENTION * (tokens + extra) * (tokens * kept + extra) * block.width * padding
-    return work + KV_MOVE * tokens * block.width
+    destinations = max(1.0, min(tile_tokens, tokens) * kept)
+    return work + (KV_MERGE * destinations + KV_MOVE) * tokens * block.width
 
 
 def plan_flops(tokens: float, width: int, tile_tokens: int, kept: float, device: str = "cpu", batch: int = 1) -> float:
@@ -248,7 +256,7 @@ def call_flops(
         n = tokens * block.share
         if block.merged and kept < 1.0:
             ops = BLOCK_OPS + (KV_OPS if block.scope == "keys_values" else MERGE_OPS)
-            per_block = timed(batch * merged_block_flops(block, n, others, kept), ops, device)
+            per_block = timed(batch * merged_block_flops(block, n, others, kept, tile_tokens), ops, device)
             if not planned:
                 total += plan_flops(n, block.width, tile_tokens, kept, device, batch)
                 planned = True

@@ -1,15 +1,17 @@
 """Speed of scope "keys_values" on an attention-bound Wan-shaped model, against its ideal.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.bench_keys_values --threads 1    # CPU, about 4 minutes
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.bench_keys_values --threads 1    # CPU, about 10 minutes
 
 Model: comfy.model_base.WAN21 (WanModel, ComfyUI's own classes, random weights) with dim 256 (2 heads
-of 128, Wan's real head width), ffn 692 (Wan 14B's 13824 / 5120 = 2.7 times the width), 4 blocks, a
+of 128, Wan's real head width), ffn 692 (Wan 14B's 13824 / 5120 = 2.7 times the width), 40 blocks (Wan
+14B's: the call's one plan is shared by as many blocks as at real size), a
 21 x 16 x 16 grid (81 frames' 21 latent frames; 5,376 tokens) and 512 text tokens. Why this shape:
-a block's attention costs 4 N^2 C against its linear layers' ~23 N C^2, so attention's share is set by
-N / C; Wan 2.2 14B at 1280 x 720 x 81 has N / C = 75,600 / 5,120 = 14.8 (attention about 70 % of a
-block), at 832 x 480 6.4 (about 50 %); here N / C = 21 (about 78 %), an attention-bound block
-at a width one CPU thread can run, with the real head width (the padded log-mass channel costs
-e' / e = 136 / 128 of the attention, as at real size).
+a block's self-attention costs 4 N^2 C against its linear layers' ~23 N C^2 (and the cross-attention's
+4 N T C), so attention's share, 4 N / (4 N + 23 C + 4 T), is set by N / C: Wan 2.2 14B at 1280 x 720
+x 81 has N / C = 75,600 / 5,120 = 14.8 (self-attention 72 % of a block), at 832 x 480 6.4 (52 %);
+here N / C = 21 (73 %), as attention-bound as the 720p block at a width one CPU thread can run, with
+the real head width (the padded log-mass channel costs e' / e = 136 / 128 of the attention, as at
+real size).
 
 Configurations, timed in turns in one process (bench/timing.py round-robin, model_speed.time_in_turns;
 median ms per model call after warm-up, a plan built in every call):
@@ -60,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--ffn", type=int, default=692)
-    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--depth", type=int, default=40)
     p.add_argument("--frames", type=int, default=21, help="latent frames (81 video frames -> 21)")
     p.add_argument("--height", type=int, default=16, help="tokens per frame column")
     p.add_argument("--width", type=int, default=16, help="tokens per frame row")
