@@ -186,9 +186,9 @@ def check_keys_values_rows(
 ) -> None:
     """Scope keys_values, which rows merged: at the first merged attention (the first selected block's
     self-attention, whose inputs equal the unpatched run's) every query reaches the kernel as
-    unpatched (scaled by sqrt(e'/e) beside the constant mass channel, toma_core/keys_values.py),
-    the pass-through key and value rows of `kept` (see check_passthrough_rows) exactly, with mass
-    0, and N - D = `merged_tokens` image keys fewer, each with a log-mass >= 0. The block's later
+    unpatched (beside the constant mass channel, toma_core/keys_values.py), the pass-through key
+    and value rows of `kept` (see check_passthrough_rows) exactly (keys scaled by sqrt(e'/e)), with
+    mass 0, and N - D = `merged_tokens` image keys fewer, each with a log-mass >= 0. The block's later
     attention calls (cross-attention) keep their keys; the run's output is finite and changed."""
     settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values"} | settings
     plain = heads_first_inputs(tiny, model, latent, pos, neg)
@@ -201,11 +201,11 @@ def check_keys_values_rows(
     assert q_m.shape[:-1] == q_p.shape[:-1]
     assert k_p.shape[1] - k_m.shape[1] == merged_tokens
     scale = (e_pad / e) ** 0.5 if e_pad > e else 1.0
-    torch.testing.assert_close(q_m[..., :e] / scale, q_p, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q_m[..., :e], q_p, rtol=1e-5, atol=1e-5)
     spans = kept(k_p.shape[1], k_m.shape[1])
-    for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
+    for p_t, m_t, t_scale in ((k_p, k_m, scale), (v_p, v_m, 1.0)):
         for p_start, m_start, count in spans:
-            torch.testing.assert_close(m_t[:, m_start:m_start + count, :, :e], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(m_t[:, m_start:m_start + count, :, :e] / t_scale, p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
     if e_pad > e:
         assert torch.equal(q_m[..., e], torch.ones_like(q_m[..., e]))
         mass = k_m[..., e]
