@@ -1,6 +1,6 @@
 """The cost model (toma_core/cost.py): its calibration points, within the errors its range states, and
 the directions a prediction must move in (more tokens, wider blocks, fewer merged blocks,
-attention-only merging, launch-bound GPUs)."""
+attention-only merging, keys/values merging, launch-bound GPUs)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_gain_grows_with_tokens_and_with_the_share_merged_away(device):
 def test_unmerged_blocks_and_attention_only_merging_dilute_the_gain():
     every = flux(4096)
     half = cost.call_speedup([cost.BlockCost(3072, 28, merged=True), cost.BlockCost(3072, 29)], 4096, 512, 0.5)
-    attention_only = flux(4096, whole=False)
+    attention_only = flux(4096, scope="attention")
     assert 1.0 < half < every and 1.0 < attention_only < every
 
 
@@ -121,3 +121,47 @@ def test_the_range_widens_with_the_plans_share():
     assert cost.call_speedup_range(NARROW_VIDEO, 1680, 0, 1.0) == (1.0, 1.0)
     parts = cost.call_parts(NARROW_VIDEO, 1680, 0, 0.5, tile_tokens=256)
     assert parts.total == cost.call_flops(NARROW_VIDEO, 1680, 0, 0.5, tile_tokens=256) and min(parts.plain, parts.merged, parts.plan) > 0
+
+
+WAN_14B = {"width": 5120, "count": 40, "joint": False, "merged": True}
+"""Wan 2.1 / 2.2 14B: 40 blocks of width 5120 (40 heads of 128), text by cross-attention."""
+
+
+def wan(tokens: int, kept: float = 0.25, scope: str = "keys_values", device: str = "cpu", **kwargs) -> float:
+    return cost.call_speedup([cost.BlockCost(**(WAN_14B | {"scope": scope} | kwargs))], tokens, 0, kept, device, tile_tokens=256)
+
+
+def test_keys_values_shrinks_only_attention():
+    """Every token keeps its per-token layers: the gain is below the block merge's at the same ratio,
+    and below 1 / (the linear layers' share of the unmerged call), however many keys merge away."""
+    block = cost.BlockCost(5120, 40, joint=False)
+    unmerged = cost.block_flops(block, 75600, 0)
+    linear_share = block.linear * 75600 * 5120 ** 2 / unmerged
+    for kept in (0.5, 0.25, 0.1):
+        assert 1.0 < wan(75600, kept) < wan(75600, kept, scope="block")
+        assert wan(75600, kept) < 1.0 / linear_share
+    assert [wan(75600, k) for k in (0.5, 0.25, 0.1)] == sorted(wan(75600, k) for k in (0.5, 0.25, 0.1))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_keys_values_gains_where_attention_dominates(device):
+    """Attention's share of a block grows with N / C: Wan 14B at 1280 x 720 x 81 (75,600 tokens)
+    gains more than at 832 x 480 (32,760), and Flux.1-dev at 1024 px (4,096 tokens, width 3072)
+    gains less than at 2048 px."""
+    assert wan(75600, device=device) > wan(32760, device=device) > wan(4096, device=device)
+    flux_kv = [flux(n, kept=0.25, device=device, scope="keys_values") for n in (4096, 16384)]
+    assert flux_kv == sorted(flux_kv) and flux_kv[0] < wan(75600, device=device)
+
+
+def test_the_log_mass_channel_pads_the_head():
+    """e' = e + 1 rounded up to 8; the padded channels make the attention dearer, more so for narrow
+    heads (64 -> 72: 12.5 %, 128 -> 136: 6.25 %)."""
+    assert [cost.padded_head(e) for e in (40, 64, 127, 128)] == [48, 72, 128, 136]
+    assert wan(75600, head=64) < wan(75600, head=128)
+
+
+def test_keys_values_keeps_text_keys_exact():
+    """Joint text keys stay in the attention: the same block with text joining it gains less."""
+    joint = cost.BlockCost(3072, 57, merged=True, scope="keys_values")
+    cross = cost.BlockCost(3072, 57, merged=True, scope="keys_values", joint=False)
+    assert cost.call_speedup([joint], 16384, 4096, 0.25) < cost.call_speedup([cross], 16384, 4096, 0.25)

@@ -379,3 +379,35 @@ def test_the_readme_example_run_line_is_what_the_code_prints():
     line = report.format_report(state.config, state.stats, 0, gain_of(state))
     assert example_pattern(head).match(line), (head, line)
     assert example_pattern(gained).search(line), (gained, line)
+
+
+def test_auto_prices_the_keys_values_scope_by_its_attention_alone():
+    """At the fake calls' 64 image tokens a width-3072 model's attention is a sliver of its work: merging
+    its keys and values is predicted to gain nothing, so min_tokens "auto" runs those calls unmerged,
+    where the block merge of the same model merges them."""
+    block = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    keys_values = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True, scope="keys_values"),), 3072, 0.5)
+    merged = {}
+    for name, profile in (("block", block), ("keys_values", keys_values)):
+        state = state_of(cost_profile=profile, min_tokens="auto")
+        sample(state, FakeClock(), 1.0, 1.0)
+        merged[name] = state.stats.merged_calls
+    assert merged == {"block": 4, "keys_values": 0}
+
+
+class FakeDit(torch.nn.Module):
+    """A DiT as DitCost reads it: the width attribute and one block list whose block names its head count."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.hidden_size = width
+        block = torch.nn.Module()
+        block.num_heads = heads
+        self.double_blocks = torch.nn.ModuleList([block, torch.nn.Module()])
+
+
+@pytest.mark.parametrize("scope", settings_mod.SCOPES)
+def test_a_dit_profile_prices_the_setting_s_scope_and_head_width(scope):
+    profile = gain_mod.DitCost("hidden_size", ("double_blocks",)).profile(FakeDit(2048, 32), 2, settings_mod.ToMASettings(scope=scope), False)
+    assert [b.scope for b in profile.blocks] == [scope, "block"] and {b.head for b in profile.blocks} == {64}
+    assert gain_mod.head_width(torch.nn.ModuleList([torch.nn.Module()]), 2048) == cost.HEAD_WIDTH

@@ -21,6 +21,7 @@ from workflow_check import (
     EXAMPLES,
     FLUX_TEMPLATE,
     MODEL_FILE_WIDGETS,
+    PACK_NODES,
     PATCH_NODES,
     check_workflow,
     model_link_problems,

@@ -7,7 +7,15 @@ join its attention in a joint-attention DiT such as Flux):
     unmerged = linear * L * C^2 + ATTENTION * L^2 * C
     merged   = linear * L' * C^2 + ATTENTION * L'^2 * C + MOVE * N * C,   L' = D + T + R
 
-times the batch B, and the kernel launches, priced at LAUNCH[device] flop-equivalents each
+(scope "block"; scope "keys_values" keeps every token and shortens only the self-attention's keys
+and values, L_kv = D + T + R, in heads padded from e to e' = padded_head(e) channels for the
+log-mass channel (toma_core/keys_values.py):
+
+    keys_values = linear * L * C^2 + ATTENTION * L * L_kv * C * e' / e + (KV_MERGE * k + KV_MOVE) * N * C
+
+with k = n (1 - ratio) destinations per plan tile of n tokens: only attention shrinks, and the gain
+is bounded by the attention's share of the block), times the batch B, and the kernel launches,
+priced at LAUNCH[device] flop-equivalents each
 (BLOCK_OPS per block, MERGE_OPS more per merged block, PLAN_OPS per plan). A CPU runs the launches
 and the work one after the other (their sum); a GPU launches asynchronously, so a block takes the
 longer of its work and its launches: a small call that merging would shorten is launch-bound and
@@ -72,6 +80,15 @@ MOVE = 1000.0
 """Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
 (memory-bound); fitted to CALIBRATION."""
 
+KV_MERGE = 4.0
+"""Flop-equivalents per image token, channel and tile destination of a keys/values block's K / V merge:
+two (k, n) @ (n, C) matmuls per tile, 2 k n C flops each over n tokens; fitted with KV_MOVE to KV_CALIBRATION."""
+
+KV_MOVE = 50.0
+"""Flop-equivalents per image token and channel of a keys/values block's copies: the tiles folded, the
+rows around the merged ones, q / k / v padded to e' and the output's e channels taken back
+(memory-bound); fitted with KV_MERGE to KV_CALIBRATION."""
+
 PLAN_MOVES = 0.85
 """A call's plan costs this many MOVE passes over its image tokens (features, assignment), once per
 call, besides its similarities and greedy (plan_flops); fitted with GREEDY to PLAN_CALIBRATION."""
@@ -89,6 +106,16 @@ BLOCK_OPS = 30
 
 MERGE_OPS = 12
 """Extra launches of a merged block: merge, unmerge, residual, positional rows, dtype casts."""
+
+KV_OPS = 24
+"""Extra launches of a keys/values block (nodes/machinery/keys_values.py): K and V merged (fold, matmul,
+cat of the rows around them), the log-mass column, the padded q / k / v, the output's slice."""
+
+HEAD_MULTIPLE = 8
+"""Head sizes fast attention kernels take are multiples of 8 (flash attention, SDPA's fused paths)."""
+
+HEAD_WIDTH = 128
+"""Head size e where a caller gives none: the DiTs' (Flux, Wan 14B, HunyuanVideo, Qwen-Image, ...)."""
 
 PLAN_OPS = 40
 """Launches of one plan besides the greedy's iterations: features, tile similarities, the assignment."""
@@ -125,6 +152,11 @@ LAUNCH_SECONDS_CPU = 7e-6
 """Seconds of one launch on this project's CPU, one thread: LAUNCH["cpu"] flop-equivalents take this long."""
 
 
+def padded_head(size: int) -> int:
+    """e' = e + 1 rounded up to HEAD_MULTIPLE: the head size that holds the keys/values scope's log-mass channel."""
+    return -(-(size + 1) // HEAD_MULTIPLE) * HEAD_MULTIPLE
+
+
 def launch_cost(device: str) -> float:
     """Flop-equivalents of one launch on a device of this type ("cpu", "cuda", "mps", ...)."""
     return LAUNCH.get(device, LAUNCH["cuda"])
@@ -144,8 +176,10 @@ class BlockCost:
     (1 in a DiT; 1/s^2 at a UNet level s times smaller than the latent). linear: flops per token and
     C^2 of its per-token layers (a convolution block: 2 * its parameters, with width 1). attention:
     it self-attends over its tokens. joint: text and pass-through tokens join that attention.
-    merged: the setting merges these blocks. whole: the whole block runs merged (scope "block");
-    False: only its attention does, its per-token layers run on all N tokens (scope "attention").
+    merged: the setting merges these blocks. scope: how (nodes/settings.py SCOPES): "block", the
+    whole block runs on the D merged tokens; "attention", only its attention does, its per-token
+    layers run on all N; "keys_values", every token keeps its query and its layers, the attention
+    runs over D merged image keys. head: the attention's head size e (the keys/values scope pads it).
     """
 
     width: int
@@ -155,7 +189,8 @@ class BlockCost:
     attention: bool = True
     joint: bool = True
     merged: bool = False
-    whole: bool = True
+    scope: str = "block"
+    head: int = HEAD_WIDTH
 
 
 def block_flops(block: BlockCost, tokens: float, others: float, attended: float | None = None) -> float:
@@ -168,14 +203,31 @@ def block_flops(block: BlockCost, tokens: float, others: float, attended: float 
     return work
 
 
-def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: float) -> float:
-    """Flop-equivalents of one merged block's work: on the kept tokens (only its attention's, for a
-    block that is not merged whole), plus the merge's memory-bound moves."""
-    if block.whole:
+def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: float, tile_tokens: int = TILE_TOKENS) -> float:
+    """Flop-equivalents of one merged block's work, by its scope: on the kept tokens (scope "block"),
+    its attention on them ("attention"), or every token attending over the kept keys
+    (keys_values_flops, whose K / V merge grows with the tile); plus the merge's memory-bound moves."""
+    if block.scope == "keys_values":
+        return keys_values_flops(block, tokens, others, kept, tile_tokens)
+    if block.scope == "block":
         work = block_flops(block, tokens * kept, others)
     else:
         work = block_flops(block, tokens, others, attended=tokens * kept)
     return work + MOVE * tokens * block.width
+
+
+def keys_values_flops(block: BlockCost, tokens: float, others: float, kept: float, tile_tokens: int = TILE_TOKENS) -> float:
+    """One keys/values block: its per-token layers on every token, its self-attention's L queries
+    over L_kv = D + others keys in heads padded to e' (the log-mass channel), plus the K / V merge:
+    the tiles' (k, n) @ (n, C) matmuls on K and V, KV_MERGE k flops per image token and channel
+    (k = n * kept destinations of a tile of n tokens), and the copies around them (KV_MOVE)."""
+    extra = others if block.joint else 0.0
+    work = block.linear * (tokens + extra) * block.width ** 2
+    if block.attention:
+        padding = padded_head(block.head) / block.head
+        work += ATTENTION * (tokens + extra) * (tokens * kept + extra) * block.width * padding
+    destinations = max(1.0, min(tile_tokens, tokens) * kept)
+    return work + (KV_MERGE * destinations + KV_MOVE) * tokens * block.width
 
 
 def plan_flops(tokens: float, width: int, tile_tokens: int, kept: float, device: str = "cpu", batch: int = 1) -> float:
@@ -218,7 +270,8 @@ def call_parts(
             continue
         n = tokens * block.share
         if block.merged and kept < 1.0:
-            merged += block.count * timed(batch * merged_block_flops(block, n, others, kept), BLOCK_OPS + MERGE_OPS, device)
+            ops = BLOCK_OPS + (KV_OPS if block.scope == "keys_values" else MERGE_OPS)
+            merged += block.count * timed(batch * merged_block_flops(block, n, others, kept, tile_tokens), ops, device)
             if plan == 0.0:
                 plan = plan_flops(n, block.width, tile_tokens, kept, device, batch)
         else:

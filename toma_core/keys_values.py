@@ -15,10 +15,11 @@ cluster's m equal terms (proportional attention, Bolya et al., ToMe, ICLR 2023, 
 
 The bias rides in one extra channel instead of an attention mask, so unmasked fast kernels still
 run (`with_mass_channel`): queries get a constant 1, keys their log-mass, and the head size is
-padded to a multiple of the kernel's (8), zeros elsewhere; queries are scaled so that the kernel's
-1 / sqrt(e') softmax scale of the padded size e' gives back 1 / sqrt(e) on the real channels:
+padded to a multiple of the kernel's (8), zeros elsewhere; the keys are scaled so that the kernel's
+1 / sqrt(e') softmax scale of the padded size e' gives back 1 / sqrt(e) on the real channels (the
+keys, not the queries: there are only L - N + D of them, and each padded tensor is written once):
 
-    q' = [q sqrt(e'/e), 1, 0...],  k' = [k, sqrt(e') log m, 0...],  v' = [v, 0, 0...]
+    q' = [q, 1, 0...],  k' = [k sqrt(e'/e), sqrt(e') log m, 0...],  v' = [v, 0, 0...]
     q'.k' / sqrt(e') = q.k / sqrt(e) + log m
 
 Layout: (B, H, L, e) throughout (heads first, as every ComfyUI attention function takes it with
@@ -33,10 +34,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from .cost import padded_head
 from .plan import MergePlan
-
-HEAD_MULTIPLE = 8
-"""Head sizes fast attention kernels take are multiples of 8 (flash attention, SDPA's fused paths)."""
 
 
 def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -60,6 +59,8 @@ def merge_key_rows(t: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor
         t = t.expand(plan.batch, *t.shape[1:])
     span = plan.merge(rearrange(t[:, :, start:start + n], "b h n e -> b n (h e)"))
     span = rearrange(span, "b d (h e) -> b h d e", h=heads)
+    if start == 0 and n == t.shape[2]:
+        return span  # only image keys (Wan, Kandinsky 5, the UNet): nothing around them to copy
     return torch.cat([t[:, :, :start], span, t[:, :, start + n:]], dim=2)
 
 
@@ -77,11 +78,6 @@ def take_span(rows: torch.Tensor, dim: int, start: int, plan: MergePlan) -> torc
     return torch.cat([head, span, tail], dim=dim)
 
 
-def padded_head(size: int) -> int:
-    """e' = e + 1 rounded up to HEAD_MULTIPLE: the head size that holds the log-mass channel."""
-    return -(-(size + 1) // HEAD_MULTIPLE) * HEAD_MULTIPLE
-
-
 def key_bias(plan: MergePlan, start: int, keys: int, like: torch.Tensor) -> torch.Tensor | None:
     """(B, L_k) log-mass of every one of the `keys` keys after merging (0 outside the D merged ones at `start`), in
     like's dtype and device; None for the no-op plan (nothing to weigh)."""
@@ -96,11 +92,11 @@ def with_mass_channel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
     padded_head(e), carrying bias in one channel (see the module docstring); the attention output's
     first e channels are the biased attention."""
     e = q.shape[-1]
-    pad = padded_head(e) - e
-    scale = math.sqrt((e + pad) / e)
-    ones = torch.ones(*q.shape[:-1], 1, dtype=q.dtype, device=q.device)
-    q = torch.cat([q * scale, ones, q.new_zeros(*q.shape[:-1], pad - 1)], dim=-1)
-    column = (bias * math.sqrt(e + pad)).to(k.dtype)[:, None, :, None].expand(-1, k.shape[1], -1, -1)
-    k = torch.cat([k, column, k.new_zeros(*k.shape[:-1], pad - 1)], dim=-1)
-    v = F.pad(v, (0, pad))
-    return q, k, v
+    size = padded_head(e)
+    q = F.pad(q, (0, size - e))
+    q[..., e] = 1.0
+    keys = k.new_empty(*k.shape[:-1], size)
+    torch.mul(k, math.sqrt(size / e), out=keys[..., :e])
+    keys[..., e] = (bias * math.sqrt(size)).to(k.dtype)[:, None, :]
+    keys[..., e + 1:] = 0.0
+    return q, keys, F.pad(v, (0, size - e))

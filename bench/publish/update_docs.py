@@ -4,6 +4,7 @@ holds the section's heading.
 
     python -m bench.publish.update_docs                       # reads bench/out/results.json
     python -m bench.publish.update_docs --quality bench/out/quality   # reads quality.md and its figures
+    python -m bench.publish.update_docs --scope bench/out/scope       # bench/quality/scope_report.py's output
 
 The heading line is the section's marker: the text from it to the next "## " heading (or the end of
 the file) is replaced, the rest of the file is left untouched. Exactly one docs/*.md file must hold
@@ -29,6 +30,9 @@ BENCH = ROOT / "bench"
 
 HEADING = "## Results"
 QUALITY_HEADING = "## Quality"
+SCOPE_HEADINGS = {"scope.md": "## Every method at its real-size speed",
+                  "scope_video.md": "## Every method at its real-size speed (Wan)"}
+"""The scope study's sections (bench/quality/scope_report.py): image fixtures, and the Wan fixture."""
 """The generated sections' markers: each is a heading line in one docs/*.md file."""
 
 REFUSED = "README.md"
@@ -159,10 +163,46 @@ def quality_section(src: Path, image_dir: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def copy_quality_figures(src: Path, dst: Path) -> list[Path]:
+SCOPE_INTRO = """\
+Everything a user can do instead of (or with) ToMA, on the trained fixtures, each at the end-to-end
+speed-up it is **predicted** to give on the real model the fixture stands for (never the fixture's
+CPU clock): the keys/values scope (ratios 0.5 / 0.75 / 0.9, tile 4 and 8, from step 0 and from 40 %,
+with and without the log-mass weight `key_mass`, which has no node input: the bench sets it), the
+block merge (the node defaults; ratio 0.25 / 0.5 / 0.75 from step 0 and from 40 %), fewer steps,
+the step caches (ComfyUI's EasyCache and LazyCache on ComfyUI 0.33; TeaCache and MagCache, the real
+packs, run on ComfyUI 0.3.64 only: on 0.33 they fail to import), and the stack (keys/values + a
+cache). Every ToMA row merges `blocks` auto with min_tokens 0. The fixtures are tiny and not
+step-distilled: their 4- and 8-step runs stand for the per-step behaviour of a few-step model, and
+"fewer steps" there is a baseline a distilled model does not have. This section is written from
+scope_report.py's output by `bench/publish/update_docs.py --scope`."""
+
+
+def scope_section(heading: str, body: str, image_dir: str, commands: list[str]) -> str:
+    """A scope-study section: the heading, intro, commands, then the report with its figure links
+    pointing at `image_dir`."""
+    lines = [heading, "", SCOPE_INTRO, "", "```bash", *commands, "```", "",
+             body.replace("](methods_", f"]({image_dir}/methods_")]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_scope(src: Path, docs: Path, assets: Path) -> list[str]:
+    """Both scope sections from scope_report.py's --out folder; returns what was written."""
+    done = []
+    copied = copy_quality_figures(src, assets, "methods_*.png")
+    for name, heading in SCOPE_HEADINGS.items():
+        if not (src / name).is_file():
+            continue
+        doc = find_doc(docs, heading)
+        commands = [f"python -m bench.publish.update_docs --scope {src}   # these sections, from the report below"]
+        write_section(doc, scope_section(heading, (src / name).read_text(), link(assets, doc), commands), heading)
+        done.append(f"{doc} ({heading})")
+    return done + [str(c) for c in copied]
+
+
+def copy_quality_figures(src: Path, dst: Path, pattern: str = "*.png") -> list[Path]:
     dst.mkdir(parents=True, exist_ok=True)
     copied = []
-    for png in sorted(src.glob("*.png")):
+    for png in sorted(src.glob(pattern)):
         shutil.copyfile(png, dst / png.name)
         copied.append(dst / png.name)
     return copied
@@ -187,8 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--assets", type=Path, help="folder the figures are copied to (default assets/results/, "
                    "with --quality assets/quality/)")
     p.add_argument("--quality", help="bench/quality/quality.py output folder: write the Quality section instead")
+    p.add_argument("--scope", help="bench/quality/scope_report.py output folder: write the scope study's sections instead")
     args = p.parse_args(argv)
-    assets = args.assets or ROOT / "assets" / ("quality" if args.quality else "results")
+    assets = args.assets or ROOT / "assets" / ("quality" if args.quality or args.scope else "results")
+    if args.scope:
+        print("updated " + ", ".join(write_scope(Path(args.scope), args.docs, assets)))
+        return 0
     if args.quality:
         doc = find_doc(args.docs, QUALITY_HEADING)
         src = Path(args.quality)

@@ -187,10 +187,10 @@ def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
     """quality.md: the setup line, then per family its sampler settings, table and winners."""
     out = ["# Image quality on the trained fixtures (bench/quality/quality.py)", "", header.rstrip("; "), ""]
     for meta in metas:
-        fam_rows = [r for r in rows if r.family == meta["family"]]
+        fam_rows = run_rows(meta, rows)
         s = meta["sampler"]
         out += [
-            f"## {meta['family']}", "",
+            f"## {run_name(meta)}", "",
             f"{meta['steps']} steps {s['sampler_name']} / {s['scheduler']}, cfg {s['cfg']}, latent {meta['latent']}, "
             f"seeds {meta['seeds']}, {meta['repeats']} timed pass(es), {meta['threads']} thread(s), "
             f"{meta['seconds']:.0f} s. PSNR and SSIM against the unpatched image of the same seed at the full "
@@ -207,7 +207,7 @@ def markdown(header: str, metas: list[dict], rows: list[Any]) -> str:
         levers = lever_lines(fam_rows)
         if levers:
             out += [f"Levers on {meta['family']}, each against plain ToMA at the same ratio:", "", *levers, ""]
-    across = across_families([m["family"] for m in metas], rows)
+    across = across_families([m["family"] for m in metas], rows) if len({m["steps"] for m in metas}) == 1 else []
     if across:
         out += ["## ToMA rows on every family", "",
                 "Margin: dB above (+) or below (-) fewer steps at the same speed-up ('–': beyond the fastest "
@@ -222,15 +222,26 @@ COLORS = {"fewer steps": "black", "ToMA defaults": "tab:red", "ToMA ratio": "tab
           "ToMA + EasyCache": "tab:green", "ToMe": "tab:brown", "ToMA added": "tab:pink", "added": "tab:olive"}
 
 
-def write_figures(out: Path, rows: list[Any], images: dict[str, dict[str, dict[int, np.ndarray]]]) -> None:
-    """pareto_<family>.png and grid_<family>.png for every family in `images`."""
+def run_name(meta: dict) -> str:
+    """A run's name in headings and figure names: its family, with the steps when a run had several."""
+    return meta.get("name", meta["family"])
+
+
+def run_rows(meta: dict, rows: list[Any]) -> list[Any]:
+    """The rows of one run (family and reference step count)."""
+    return [r for r in rows if r.family == meta["family"] and getattr(r, "regime", None) in (None, meta["steps"])]
+
+
+def write_figures(out: Path, metas: list[dict], rows: list[Any], images: dict[tuple[str, int], dict[str, dict[int, np.ndarray]]]) -> None:
+    """pareto_<run>.png and grid_<run>.png for every run (images by (family, steps))."""
     import matplotlib
 
     matplotlib.use("Agg")
-    for family, by_label in images.items():
-        fam_rows = [r for r in rows if r.family == family and r.skipped is None]
-        pareto_plot(out / f"pareto_{family}.png", family, fam_rows)
-        image_grid(out / f"grid_{family}.png", family, fam_rows, by_label)
+    for meta in metas:
+        name = run_name(meta)
+        run = [r for r in run_rows(meta, rows) if r.skipped is None]
+        pareto_plot(out / f"pareto_{name}.png", name, run)
+        image_grid(out / f"grid_{name}.png", name, run, images[(meta["family"], meta["steps"])])
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

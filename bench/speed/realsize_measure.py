@@ -250,12 +250,12 @@ def sampler_call(patcher: Any, x: torch.Tensor, cond: dict[str, torch.Tensor]) -
     return call
 
 
-def patch_all(patcher: Any, ratio: float, tile_size: int) -> Any:
-    """ToMA on every block (blocks 'all', every call merged) through the pack's patch_model."""
+def patch_all(patcher: Any, ratio: float, tile_size: int, scope: str = "block") -> Any:
+    """ToMA on every block (blocks 'all', every call merged, `scope`) through the pack's patch_model."""
     settings = rs.pack_module("nodes.settings")
     schedule = rs.pack_module("toma_core").MergeSchedule()
     return rs.pack_module("nodes.node.patching").patch_model(
-        patcher, settings.ToMASettings(ratio=ratio, tile_size=tile_size, blocks="all", schedule=schedule))
+        patcher, settings.ToMASettings(ratio=ratio, tile_size=tile_size, blocks="all", schedule=schedule, scope=scope))
 
 
 def patch_model(patcher: Any, setting: Any) -> Any:
@@ -266,18 +266,69 @@ def patch_model(patcher: Any, setting: Any) -> Any:
                                        blocks=setting.blocks, min_tokens=0))
 
 
-def plan_ms(tokens: rs.Grid, channels: int, ratio: float, tile_size: int, clock: Clock, device: str, repeats: int = 2) -> float:
-    """ms of one plan (toma_core.make_plan on the features the hooks use) for a grid and width."""
-    core = rs.pack_module("toma_core")
+def plan_ms(tokens: rs.Grid, channels: int, ratio: float, tile_size: int, clock: Clock, device: str, repeats: int = 2,
+            tile_frames: int | None = None) -> float:
+    """ms of one plan on the features the hooks use for a grid and width: toma_core.make_plan (video
+    grids in tiles of 2 frames), or with `tile_frames` the video families' plan (video_plan)."""
     features = rs.pack_module("nodes.machinery.runner").features
     x = torch.randn((1, tokens.tokens, channels), device=device)
-    frames = {"frames": tokens.frames, "tile_frames": 2} if tokens.frames > 1 else {}
     best = []
     for _ in range(repeats):
         start = clock.now()
-        core.make_plan(features(x), tokens.height, tokens.width, ratio, tile_size, **frames)
+        video_plan(features(x), tokens, ratio, tile_size, tile_frames)
         best.append(clock.now() - start)
     return min(best)
+
+
+def video_plan(features: torch.Tensor, grid: rs.Grid, ratio: float, tile_size: int, tile_frames: int | None) -> Any:
+    """The plan of a call on `grid`: toma_core.make_plan (in tiles of 2 frames on a video grid) when
+    tile_frames is None, else as the video families build it (nodes/families/wan.py, hunyuan_video.py,
+    kandinsky5.py): frame 0 in its own segment, the frames after it in tiles of tile_frames."""
+    core = rs.pack_module("toma_core")
+    if tile_frames is None or grid.frames == 1:
+        frames = {"frames": grid.frames, "tile_frames": 2} if grid.frames > 1 else {}
+        return core.make_plan(features, grid.height, grid.width, ratio, tile_size, **frames)
+    video = rs.pack_module("toma_core.video")
+    segments = [video.Segment(1), video.Segment(grid.frames - 1, tile_frames=tile_frames)]
+    return video.make_video_plan(features, segments, grid.height, grid.width, ratio, tile_size)
+
+
+class HeadsFirstZeros:
+    """A stand-in attention kernel with a real kernel's output handling and no attention work: zeros
+    (B, H, L_q, e_v), reshaped to (B, L_q, H e_v) unless skip_output_reshape (as attention_pytorch)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, skip_reshape: bool = False,
+                 skip_output_reshape: bool = False, **_: Any) -> torch.Tensor:
+        if not skip_reshape:
+            q = q.view(q.shape[0], q.shape[1], heads, -1).transpose(1, 2)
+        out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1] if skip_reshape else v.shape[-1] // heads)
+        return out if skip_output_reshape else out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def kv_overhead_ms(grid: rs.Grid, channels: int, heads: int, text: int, ratio: float, tile_size: int, tile_frames: int | None,
+                   clock: Clock, device: str, repeats: int = 3) -> float:
+    """ms a keys/values block spends besides its attention kernel at `grid`'s image tokens (text first
+    in the keys when `text`): KeysValuesOverride (nodes/machinery/keys_values.py: K and V merged with
+    the call's plan, the log-mass channel, the padded q / k / v, the output's slice) around a kernel
+    that does no attention, less the same kernel on the unmerged q / k / v (its own output reshape,
+    which an unmerged block pays too). Fastest of `repeats`."""
+    kv = rs.pack_module("nodes.machinery.keys_values")
+    features = rs.pack_module("nodes.machinery.runner").features
+    n = grid.tokens
+    plan = video_plan(features(torch.randn((1, n, channels), device=device)), grid, ratio, tile_size, tile_frames)
+    q, k, v = (torch.randn((1, text + n, channels), device=device) for _ in range(3))
+    kernel = HeadsFirstZeros()
+
+    def fastest(fn: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(repeats):
+            start = clock.now()
+            fn()
+            times.append(clock.now() - start)
+        return min(times)
+
+    merged = fastest(lambda: kv.KeysValuesOverride(plan, kv.Keys(text, text + n), None, True)(kernel, q, k, v, heads))
+    return max(0.0, merged - fastest(lambda: kernel(q, k, v, heads)))
 
 
 def width_of(name: str) -> int:
@@ -289,23 +340,26 @@ def width_of(name: str) -> int:
 
 def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds: int, device: str,
           log: Callable[[str], None] = print, keep: Callable[[list[dict[str, Any]]], None] | None = None,
-          dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+          dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None, scope: str = "block") -> list[dict[str, Any]]:
     """Time unmerged and merged calls of the few-block model on each grid, in turns; one record per
     grid and round (block runs, call ms, the plan ms taken out of the first merged block per level).
     keep(records of a grid) is called after each grid (to cache them as they come). dtype: weights
-    and compute; overrides: config keys replacing the real ones (build_reduced)."""
+    and compute; overrides: config keys replacing the real ones (build_reduced); scope: the merged
+    model's (the records say it)."""
     import comfy.model_management
 
     clock = Clock(device)
     base = build_reduced(name, device, dtype, overrides)
     text_dim = next((overrides[k] for k in TEXT_DIM_KEYS if k in (overrides or {})), None)
     cond = conditioning(name, 1, device, dtype, text_dim)
-    plain, merged = base.clone(), patch_all(base, ratio, tile_size)
+    plain, merged = base.clone(), patch_all(base, ratio, tile_size, scope)
     timers = {"unmerged": BlockTimer(clock), "merged": BlockTimer(clock)}
     install_timers(plain, name, timers["unmerged"])
     install_timers(merged, name, timers["merged"])
     records = []
     fam = rs.family(name)
+    # the keys/values probes were added with the video families' plan (frame 0 alone, the node's tile frames)
+    tile_frames = rs.pack_module("nodes.settings").NODE_TILE_FRAMES if scope == "keys_values" and fam.video else None
     warm = latent(name, min(grids, key=lambda g: g.tokens), 1, device)
     for patcher in (plain, merged):  # untimed: the first call of a model pays allocations
         comfy.model_management.load_models_gpu([patcher])
@@ -317,7 +371,7 @@ def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds:
         plans = {}
         for r in range(rounds):
             rec: dict[str, Any] = {"family": name, "grid": [grid.frames, grid.height, grid.width], "tokens": grid.tokens,
-                                   "ratio": ratio, "tile_size": tile_size, "round": r, "device": device}
+                                   "ratio": ratio, "tile_size": tile_size, "round": r, "device": device, "scope": scope}
             for label, (patcher, fn) in calls.items():
                 comfy.model_management.load_models_gpu([patcher])
                 timers[label].records.clear()
@@ -328,7 +382,7 @@ def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds:
                 levels = sorted({n for _, n, _ in rec["merged"]["blocks"]}) if fam.unet else [grid.tokens]
                 for n in levels:
                     level = _level_grid(grid, n) if fam.unet else grid
-                    plans[n] = plan_ms(level, _plan_width(name, rec, n), ratio, tile_size, clock, device)
+                    plans[n] = plan_ms(level, _plan_width(name, rec, n), ratio, tile_size, clock, device, tile_frames=tile_frames)
             rec["plan_ms"] = {str(n): ms for n, ms in plans.items()}
             records.append(rec)
             log(f"  {name} {grid}: round {r}: unmerged {rec['unmerged']['call_ms']:.0f} ms, merged {rec['merged']['call_ms']:.0f} ms")
@@ -351,6 +405,25 @@ def _plan_width(name: str, rec: dict[str, Any], tokens: int) -> int:
         return width_of(name)
     kind = next(k for k, n, _ in rec["merged"]["blocks"] if n == tokens)
     return int(kind.removeprefix("unet"))
+
+
+def kv_attention_probe(head_dim: int, pairs: list[tuple[int, int]], device: str, rounds: int = 1) -> list[dict[str, Any]]:
+    """ms of ComfyUI's optimized_attention (torch SDPA) on one head of head_dim with L_q queries and
+    L_kv keys, heads first (skip_reshape, as the keys/values scope calls it), for each (L_q, L_kv)."""
+    from comfy.ldm.modules.attention import optimized_attention
+
+    clock = Clock(device)
+    out = []
+    for queries, keys in pairs:
+        q = torch.randn((1, 1, queries, head_dim), device=device)
+        k, v = (torch.randn((1, 1, keys, head_dim), device=device) for _ in range(2))
+        times = []
+        for _ in range(rounds + 1):
+            start = clock.now()
+            optimized_attention(q, k, v, 1, skip_reshape=True, skip_output_reshape=True)
+            times.append(clock.now() - start)
+        out.append({"head_dim": head_dim, "length": queries, "keys": keys, "ms": min(times[1:])})
+    return out
 
 
 def attention_probe(head_dim: int, lengths: list[int], device: str, rounds: int = 1) -> list[dict[str, Any]]:

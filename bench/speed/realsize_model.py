@@ -46,6 +46,8 @@ HEADS: dict[str, dict[str, tuple[int, int]]] = {
     "sd35_large": {"joint": (38, 64), "joint_last": (38, 64)},
     "qwen_image": {"double": (24, 128)},
     "wan14b": {"double": (40, 128)},
+    "wan22_14b": {"double": (40, 128)},
+    "wan22_14b_4step": {"double": (40, 128)},
     "wan1.3b": {"double": (12, 128)},
     "kandinsky5_lite": {"double": (28, 64)},
     "kandinsky5_pro": {"double": (32, 128)},
@@ -53,10 +55,16 @@ HEADS: dict[str, dict[str, tuple[int, int]]] = {
 }
 """(heads, head_dim) of each block kind's self-attention."""
 
+SCOPES = ("block", "keys_values")
+"""The scopes a prediction prices."""
+
 
 @dataclass(frozen=True)
 class Setting:
-    """The node inputs the model prices (scope "block"; min_tokens 0)."""
+    """The node inputs the model prices (min_tokens 0). scope: "block" or "keys_values" (nodes/settings.py
+    SCOPES; "attention" is not priced here). tile_frames: frames per tile of a video family's plan, as
+    the node builds it (frame 0 alone, toma_core.video); None: the earlier accounting, spatial tiles per
+    frame for D and plans timed in tiles of 2 frames (the tables above the keys/values ones)."""
 
     ratio: float = 0.5
     tile_size: int = 4
@@ -65,12 +73,19 @@ class Setting:
     recompute_every: int = 1
     merge_every: int = 1
     blocks: str = "auto"
+    scope: str = "block"
+    tile_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope={self.scope!r}: the real-size model prices {' and '.join(SCOPES)}")
 
     def schedule(self) -> Any:
         return rs.pack_module("toma_core").MergeSchedule(self.start_percent, self.end_percent, self.recompute_every, self.merge_every)
 
     def label(self) -> str:
-        parts = [f"ratio {self.ratio:g}"]
+        parts = [] if self.scope == "block" else [self.scope]
+        parts.append(f"ratio {self.ratio:g}")
         if self.tile_size != 4:
             parts.append(f"tile {self.tile_size}")
         if self.start_percent or self.end_percent < 1:
@@ -81,6 +96,8 @@ class Setting:
             parts.append(f"recompute {self.recompute_every}")
         if self.blocks != "auto":
             parts.append(f"blocks {self.blocks}")
+        if self.tile_frames is not None:
+            parts.append(f"{self.tile_frames} tile frames")
         return ", ".join(parts)
 
 
@@ -105,6 +122,21 @@ def attention_fit(points: list[dict[str, Any]], head_dim: int) -> tuple[float, f
     return (y2 * s22 - y1 * s33) / det, (s44 * y1 - s33 * y2) / det
 
 
+def kv_attention_fit(points: list[dict[str, Any]], head_dim: int) -> tuple[float, float]:
+    """(alpha, beta) of ms = alpha L_q L_kv + beta L_q for one head of head_dim with L_q queries over
+    L_kv keys (least squares over the keys/values attention probes)."""
+    rows = [(p["length"], p["keys"], p["ms"]) for p in points if p["head_dim"] == head_dim]
+    if len(rows) < 2:
+        raise ValueError(f"no keys/values attention probe of head_dim {head_dim}: run `realsize measure-kv` first")
+    s11 = sum((q * k) ** 2 for q, k, _ in rows)
+    s12 = sum(q * k * q for q, k, _ in rows)
+    s22 = sum(q * q for q, _, _ in rows)
+    y1 = sum(ms * q * k for q, k, ms in rows)
+    y2 = sum(ms * q for q, _, ms in rows)
+    det = s11 * s22 - s12 * s12
+    return (y1 * s22 - y2 * s12) / det, (s11 * y2 - s12 * y1) / det
+
+
 @dataclass
 class KindCurve:
     """t(L) = a + b L + heads attn(L) of one block kind, and its merge correction at N image tokens.
@@ -121,9 +153,19 @@ class KindCurve:
     beta: float
     corrections: list[tuple[int, float]] = field(default_factory=list)
     probe_lengths: list[int] = field(default_factory=list)
+    kv_alpha: float | None = None
+    kv_beta: float = 0.0
 
     def ms(self, length: float) -> float:
         return self.a + self.b * length + self.heads * (self.alpha * length ** 2 + self.beta * length)
+
+    def kv_ms(self, length: float, keys: float) -> float:
+        """The block on `length` tokens whose self-attention runs over `keys` keys in heads padded for
+        the log-mass channel (kv_alpha, kv_beta: one padded head, from the keys/values attention
+        probes); its other layers as t(length). The K / V merge is not in it (FamilyCost.kv_overhead)."""
+        if self.kv_alpha is None:
+            raise ValueError("no keys/values attention probe for this kind's padded head: run `realsize measure-kv` first")
+        return self.a + self.b * length + self.heads * (self.kv_alpha * length * keys + self.kv_beta * length)
 
     def merge_correction(self, tokens: int) -> float:
         """ms to add to t(D + text) for a merged block on `tokens` image tokens."""
@@ -162,6 +204,11 @@ def _linear(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def padded_head(head_dim: int) -> int:
+    """e' of the keys/values scope's padded heads (toma_core.cost.padded_head)."""
+    return rs.pack_module("toma_core.cost").padded_head(head_dim)
+
+
 def block_length(name: str, kind: str, tokens: int) -> int:
     """L of a block kind on `tokens` image tokens."""
     return tokens + (rs.family(name).text_len if joint(name, kind) or kind == "single" else 0)
@@ -181,6 +228,9 @@ def fit_family(name: str, cache: dict[str, Any]) -> FamilyCost:
             continue
         curve = KindCurve(0.0, 0.0, heads, alpha, beta, probe_lengths=sorted({length for length, _ in runs}))
         curve.a, curve.b = _linear([(length, ms - heads * (alpha * length ** 2 + beta * length)) for length, ms in runs])
+        padded = padded_head(head_dim)
+        if any(p["head_dim"] == padded for p in cache.get("kv_attention", [])):
+            curve.kv_alpha, curve.kv_beta = kv_attention_fit(cache["kv_attention"], padded)
         curves[kind] = curve
     residuals: dict[tuple[str, int], list[float]] = {}
     for r in records:
@@ -259,14 +309,16 @@ class Prediction:
 
 def predict(cost: FamilyCost, resolution: str, setting: Setting, frames: int = 81, steps: int | None = None,
             sampler: str | None = None, scheduler: str | None = None, cfg: float | None = None,
-            reduced: bool = False, plan_ms: Any = None) -> Prediction:
+            reduced: bool = False, plan_ms: Any = None, kv_ms: Any = None) -> Prediction:
     """The speed-up of `setting` on the family's run at `resolution` (width x height of RESOLUTIONS,
-    frames for video), from the fitted curves. plan_ms(grid, channels, ratio, tile) -> ms of one plan."""
+    frames for video), from the fitted curves. plan_ms(grid, channels, ratio, tile, tile_frames) -> ms
+    of one plan; kv_ms(grid, channels, heads, text, ratio, tile, tile_frames) -> ms of one keys/values
+    block's K / V merge (scope keys_values only)."""
     name = cost.name
     width, height = rs.RESOLUTIONS[resolution]
     grid = rs.grid_for(name, width, height, frames)
     sites = rs.block_sites(name, setting.blocks, reduced=reduced)
-    unmerged, merged, plans = _call_times(cost, grid, sites, setting, plan_ms)
+    unmerged, merged, plans = _call_times(cost, grid, sites, setting, plan_ms, kv_ms)
     evals = rs.evaluations(name, resolution, setting.schedule(), steps, sampler, scheduler)
     batch = rs.calls_per_evaluation(name, cfg)
     total_u = batch * unmerged * len(evals)
@@ -274,18 +326,35 @@ def predict(cost: FamilyCost, resolution: str, setting: Setting, frames: int = 8
     per_block = {}
     for kind in {s.kind for s in sites}:
         level = grid.level(next(s.level for s in sites if s.kind == kind))
-        n = level.tokens
-        text = block_length(name, kind, n) - n
-        d = rs.kept_tokens(level, setting.ratio, setting.tile_size)
-        curve = cost.curves[kind]
-        per_block[kind] = curve.ms(n + text) / (curve.ms(d + text) + curve.merge_correction(n))
+        per_block[kind] = cost.curves[kind].ms(block_length(name, kind, level.tokens)) / merged_block_ms(cost, kind, level, setting, kv_ms)
     return Prediction(
         name, resolution, setting, total_u / total_m, total_u, total_m, len(evals), sum(e.merge for e in evals),
         sum(s.selected for s in sites), len(sites), per_block, grid.tokens in cost.probe_tokens,
     )
 
 
-def _call_times(cost: FamilyCost, grid: rs.Grid, sites: list[rs.BlockSite], setting: Setting, plan_ms: Any) -> tuple[float, float, float]:
+def merged_block_ms(cost: FamilyCost, kind: str, level: rs.Grid, setting: Setting, kv_ms: Any = None) -> float:
+    """ms of one merged block of `kind` on `level`'s image tokens, its plan not counted: scope block,
+    the curve at the kept length plus the merge correction; scope keys_values, the curve with its
+    self-attention over the kept keys in padded heads (KindCurve.kv_ms) plus the K / V merge
+    (kv_ms, measured at the block's width and heads)."""
+    name = cost.name
+    n = level.tokens
+    length = block_length(name, kind, n)
+    d = rs.kept_tokens(level, setting.ratio, setting.tile_size, setting.tile_frames if rs.family(name).video else None)
+    curve = cost.curves[kind]
+    if setting.scope == "block":
+        return curve.ms(length - n + d) + curve.merge_correction(n)
+    if kv_ms is None:
+        raise ValueError("scope keys_values needs kv_ms, the K / V merge's time (realsize.KvTimes)")
+    heads, _ = HEADS[name][kind]
+    tile_frames = setting.tile_frames if rs.family(name).video else None
+    overhead = kv_ms(level, _channels(name, kind), heads, length - n, setting.ratio, setting.tile_size, tile_frames)
+    return curve.kv_ms(length, length - n + d) + overhead
+
+
+def _call_times(cost: FamilyCost, grid: rs.Grid, sites: list[rs.BlockSite], setting: Setting, plan_ms: Any,
+                kv_ms: Any = None) -> tuple[float, float, float]:
     """(unmerged call, merged call without plans, the plans of a re-selecting call) in ms."""
     name = cost.name
     a_u, b_u = cost.nonblock["unmerged"]
@@ -295,17 +364,16 @@ def _call_times(cost: FamilyCost, grid: rs.Grid, sites: list[rs.BlockSite], sett
     levels: dict[int, int] = {}
     for site in sites:
         level = grid.level(site.level)
-        n = level.tokens
         curve = cost.curves[site.kind]
-        length = block_length(name, site.kind, n)
+        length = block_length(name, site.kind, level.tokens)
         unmerged += curve.ms(length)
         if site.selected:
-            d = rs.kept_tokens(level, setting.ratio, setting.tile_size)
-            merged += curve.ms(length - n + d) + curve.merge_correction(n)
+            merged += merged_block_ms(cost, site.kind, level, setting, kv_ms)
             levels[site.level] = _channels(name, site.kind)
         else:
             merged += curve.ms(length)
-    plans = sum(plan_ms(grid.level(lv), c, setting.ratio, setting.tile_size) for lv, c in levels.items()) if plan_ms else 0.0
+    tile_frames = setting.tile_frames if rs.family(name).video else None
+    plans = sum(plan_ms(grid.level(lv), c, setting.ratio, setting.tile_size, tile_frames) for lv, c in levels.items()) if plan_ms else 0.0
     return unmerged, merged, plans
 
 

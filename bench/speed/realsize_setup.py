@@ -193,6 +193,13 @@ FAMILIES: dict[str, RealFamily] = {f.name: f for f in (
                Sampling("aura", 3.1)),
     RealFamily("wan14b", "Wan 2.1 14B", "WAN21_T2V", _WAN | {"dim": 5120, "ffn_dim": 13824, "num_heads": 40, "num_layers": 40},
                {"num_layers": 1}, 512, 30, "euler", "simple", 6.0, Sampling("sd3", 8.0, {"720p": 5.0}), video=True),
+    RealFamily("wan22_14b", "Wan 2.2 14B", "WAN21_T2V", _WAN | {"dim": 5120, "ffn_dim": 13824, "num_heads": 40, "num_layers": 40},
+               {"num_layers": 1}, 512, 20, "euler", "simple", 3.5, Sampling("sd3", 8.0), video=True, probes="wan14b",
+               template="video_wan2_2_14B_t2v (its 20-step path: high-noise expert steps 1-10, low-noise 11-20)"),
+    RealFamily("wan22_14b_4step", "Wan 2.2 14B + LightX2V", "WAN21_T2V",
+               _WAN | {"dim": 5120, "ffn_dim": 13824, "num_heads": 40, "num_layers": 40}, {"num_layers": 1}, 512, 4, "euler",
+               "simple", 1.0, Sampling("sd3", 5.0), video=True, probes="wan14b",
+               template="video_wan2_2_14B_t2v (its default path: the 4-step LightX2V LoRA, steps 1-2 and 3-4)"),
     RealFamily("wan1.3b", "Wan 2.1 1.3B", "WAN21_T2V", _WAN | {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30},
                {"num_layers": 1}, 512, 30, "euler", "simple", 6.0, Sampling("sd3", 8.0, {"720p": 5.0}), video=True),
     RealFamily("hunyuan_video", "HunyuanVideo", "HunyuanVideo", _HUNYUAN, {"depth": 1, "depth_single_blocks": 1}, 256, 20,
@@ -353,10 +360,15 @@ def grid_for(name: str, width: int, height: int, frames: int = 1) -> Grid:
     return Grid(math.ceil(lh / 2), math.ceil(lw / 2), latent_frames)
 
 
-def kept_tokens(grid: Grid, ratio: float, tile_size: int) -> int:
-    """D of the pack's tiling for one call (per frame for video, then times the frames)."""
-    tiling = pack_module("toma_core").TileGrid(grid.height, grid.width, tile_size, ratio)
-    return tiling.num_kept * grid.frames
+def kept_tokens(grid: Grid, ratio: float, tile_size: int, tile_frames: int | None = None) -> int:
+    """D of the pack's tiling for one call: per frame, times the frames (tile_frames None: spatial
+    tiles); with `tile_frames`, as a video family's plan (toma_core.video): frame 0 in spatial tiles,
+    the frames after it in tiles of tile_frames frames."""
+    tiling = pack_module("toma_core").TileGrid
+    first = tiling(grid.height, grid.width, tile_size, ratio).num_kept
+    if tile_frames is None or grid.frames == 1:
+        return first * grid.frames
+    return first + tiling(grid.height, grid.width, tile_size, ratio, frames=grid.frames - 1, tile_frames=tile_frames).num_kept
 
 
 # ------------------------------------------------------------------------------ evaluations of a run

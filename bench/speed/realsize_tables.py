@@ -87,3 +87,60 @@ merge correction (KindCurve.merge_correction) at their N."""
             rows.append(f"| {name} | {kind} | {c} | {n:,} | {length:,} | {ms:.0f} | {m:.0f} | {curve.ms(length):.0f} | "
                         f"{curve.merge_correction(n):+.0f} |")
     return "\n".join(rows)
+
+
+def short_run(name: str) -> str:
+    """E.g. '20 steps euler / simple, cfg 3.5 (CFG), 81 frames'."""
+    fam = rs.family(name)
+    frames = f", {fam.frames} frames" if fam.video else ""
+    return f"{fam.steps} steps {fam.sampler} / {fam.scheduler}, cfg {fam.cfg:g}{frames}"
+
+
+def scope_table(cache: dict[str, Any], runs: list[tuple[str, str]], ratios: list[float], starts: list[float], tile: int,
+                tile_frames: int, plans: Any, kv_ms: Any) -> str:
+    """Block against keys/values merging: a row per run and start_percent, a column per ratio with
+    both scopes' predicted speed-ups (tile `tile`, video families in tiles of `tile_frames` frames as
+    the node builds them, blocks auto, end 1)."""
+    head = "| model (run) | size | start_percent | steps merged | " + " | ".join(f"ratio {r:g}: block / keys_values" for r in ratios) + " |"
+    rows = [head, "|---|---|---:|---:|" + "---:|" * len(ratios)]
+    for name, resolution in runs:
+        fam = rs.family(name)
+        cost = model.fit_family(name, cache)
+        frames = tile_frames if fam.video else None
+        for start in starts:
+            cells, merged = [], ""
+            for ratio in ratios:
+                pair = []
+                for scope in model.SCOPES:
+                    setting = model.Setting(ratio, tile, start, scope=scope, tile_frames=frames)
+                    p = model.predict(cost, resolution, setting, fam.frames, plan_ms=plans, kv_ms=kv_ms)
+                    pair.append(f"{p.speedup:.2f}x")
+                    merged = f"{p.merged_evaluations}/{p.evaluations}"
+                cells.append(" / ".join(pair))
+            rows.append(f"| {fam.title} ({short_run(name)}) | {resolution} | {start:g} | {merged} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def kv_probe_table(cache: dict[str, Any], kv_ms: Any) -> str:
+    """The blocks timed with scope keys_values (realsize measure-kv --blocks) against the keys/values
+    block model: the block's curve with its attention over the kept keys in padded heads, plus the
+    K / V merge (realsize.KvTimes)."""
+    rows = ["| family | kind | image tokens N | keys after merging | unmerged ms | keys_values ms (ratio 0.5) | predicted ms | error |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in cache.get("kv_probes", []):
+        name = r["family"]
+        cost = model.fit_family(name, cache)
+        grid = rs.Grid(*r["grid"][1:], r["grid"][0])
+        setting = model.Setting(r["ratio"], r["tile_size"], scope="keys_values",
+                                tile_frames=rs.pack_module("nodes.settings").NODE_TILE_FRAMES if rs.family(name).video else None)
+        seen = False
+        unmerged = {kind: ms for kind, _, ms in r["unmerged"]["blocks"]}
+        for kind, length, ms in r["merged"]["blocks"]:
+            n = r["tokens"]
+            measured = ms - (0.0 if seen else float(r["plan_ms"].get(str(n), 0.0)))
+            seen = True
+            predicted = model.merged_block_ms(cost, kind, grid, setting, kv_ms)
+            d = rs.kept_tokens(grid, setting.ratio, setting.tile_size, setting.tile_frames)
+            rows.append(f"| {name} | {kind} | {n:,} | {length - n + d:,} | {unmerged.get(kind, float('nan')):.0f} | {measured:.0f} | "
+                        f"{predicted:.0f} | {100 * (predicted / measured - 1):+.1f} % |")
+    return "\n".join(rows)

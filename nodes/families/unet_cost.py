@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...toma_core.cost import LINEAR_UNET, BlockCost
-from ..run.gain import CostProfile, tile_tokens
+from ..run.gain import CostProfile, head_width, tile_tokens
 from ..settings import ToMASettings
 from .unet_blocks import parse_unet_blocks
 from .unet_sites import find_sites, levels
@@ -22,11 +22,11 @@ class UNetCost:
         from comfy.ldm.modules.diffusionmodules.openaimodel import ResBlock
 
         spec = parse_unet_blocks(settings.blocks)
-        whole = settings.scope == "block"
         sites = find_sites(diffusion_model)
         blocks = [
             BlockCost(_site_width(s.module), share=1.0 / s.downsample ** 2, linear=LINEAR_UNET, joint=False,
-                      merged=spec.selects(s.block, s.downsample), whole=whole)
+                      merged=spec.selects(s.block, s.downsample), scope=settings.scope,
+                      head=head_width(s.module.attn1, _site_width(s.module)))
             for s in sites
         ]
         blocks += [

@@ -49,7 +49,13 @@ from typing import Any, Protocol
 
 import torch
 
-from ...toma_core.cost import TILE_TOKENS, BlockCost, call_speedup, call_speedup_range
+from ...toma_core.cost import (
+    HEAD_WIDTH,
+    TILE_TOKENS,
+    BlockCost,
+    call_speedup,
+    call_speedup_range,
+)
 from ..contract import CallGeometry
 from ..settings import ToMASettings
 
@@ -142,12 +148,27 @@ class DitCost:
         width = getattr(diffusion_model, self.width)
         total = sum(len(getattr(diffusion_model, name)) for name in self.blocks)
         merged = min(merged_blocks, total)
-        whole = settings.scope == "block"
+        head = head_width(getattr(diffusion_model, self.blocks[0]), width)
         blocks = (
-            BlockCost(width, merged, joint=self.joint, merged=True, whole=whole),
-            BlockCost(width, max(0, total - merged), joint=self.joint),
+            BlockCost(width, merged, joint=self.joint, merged=True, scope=settings.scope, head=head),
+            BlockCost(width, max(0, total - merged), joint=self.joint, head=head),
         )
         return CostProfile(blocks, width, 1.0 - settings.effective_ratio, tile_tokens(settings, video))
+
+
+def head_width(blocks: torch.nn.Module, width: int) -> int:
+    """The head size e of the attention in `blocks` (the keys/values scope pads it): the first
+    submodule's `head_dim`, else `width` over its head count (num_heads, heads or n_heads, as
+    ComfyUI's attention classes name it); HEAD_WIDTH when none says."""
+    for module in blocks.modules():
+        size = getattr(module, "head_dim", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        for name in ("num_heads", "heads", "n_heads"):
+            count = getattr(module, name, None)
+            if isinstance(count, int) and count > 0 and width % count == 0:
+                return width // count
+    return HEAD_WIDTH
 
 
 def tile_tokens(settings: ToMASettings, video: bool) -> int:

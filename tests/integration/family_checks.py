@@ -198,14 +198,14 @@ def check_keys_values_rows(
 ) -> None:
     """Scope keys_values, which rows merged: at the first merged attention (the first selected block's
     self-attention, whose inputs equal the unpatched run's) every query reaches the kernel as
-    unpatched (scaled by sqrt(e'/e) beside the constant mass channel, toma_core/keys_values.py),
-    the pass-through key and value rows of `kept` (see check_passthrough_rows) exactly, with mass
+    unpatched (beside the constant mass channel, toma_core/keys_values.py), the pass-through key
+    and value rows of `kept` (see check_passthrough_rows) exactly (keys scaled by sqrt(e'/e)), with mass
     0, and N - D = `merged_tokens` image keys fewer, each with a log-mass >= 0 that weighs it as the
     tokens it stands for: every other row is an image row, and sum_d m_d M k_d = sum_i k_i over them
     (each token's assignment weights sum to 1 over its destinations, toma_core/plan.py), for keys and
     values. The block's later attention calls (cross-attention) keep their keys; the run's output is
-    finite and changed."""
-    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values"} | settings
+    finite and changed. The log-mass is on (key_mass True) whatever the family's own choice."""
+    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values", "key_mass": True} | settings
     plain, base = heads_first_inputs(tiny, model, latent, pos, neg)
     merged, out = heads_first_inputs(tiny, patch(toma, model, **settings), latent, pos, neg)
     assert torch.isfinite(out).all() and rel(out, base) > 1e-4
@@ -217,11 +217,11 @@ def check_keys_values_rows(
     assert q_m.shape[:-1] == q_p.shape[:-1]
     assert k_p.shape[1] - k_m.shape[1] == merged_tokens
     scale = (e_pad / e) ** 0.5 if e_pad > e else 1.0
-    torch.testing.assert_close(q_m[..., :e] / scale, q_p, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q_m[..., :e], q_p, rtol=1e-5, atol=1e-5)
     spans = kept(k_p.shape[1], k_m.shape[1])
-    for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
+    for p_t, m_t, t_scale in ((k_p, k_m, scale), (v_p, v_m, 1.0)):
         for p_start, m_start, count in spans:
-            torch.testing.assert_close(m_t[:, m_start:m_start + count, :, :e], p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(m_t[:, m_start:m_start + count, :, :e] / t_scale, p_t[:, p_start:p_start + count], rtol=1e-5, atol=1e-6)
     assert e_pad > e, "no log-mass channel"
     assert torch.equal(q_m[..., e], torch.ones_like(q_m[..., e]))
     mass = k_m[..., e]
@@ -233,8 +233,8 @@ def check_keys_values_rows(
     image_m = outside([(start, count) for _, start, count in spans], k_m.shape[1])
     assert len(image_p) - len(image_m) == merged_tokens
     weight = (mass[:, image_m] / e_pad ** 0.5).exp()[..., None]
-    for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
-        torch.testing.assert_close((weight * m_t[:, image_m, :, :e]).sum(1), p_t[:, image_p].sum(1), rtol=1e-4, atol=1e-4)
+    for p_t, m_t, t_scale in ((k_p, k_m, scale), (v_p, v_m, 1.0)):
+        torch.testing.assert_close((weight * m_t[:, image_m, :, :e] / t_scale).sum(1), p_t[:, image_p].sum(1), rtol=1e-4, atol=1e-4)
     later = [(p, m) for p, m in zip(plain[first + 1:], merged[first + 1:]) if p[0].shape[1] != p[1].shape[1]]
     assert all(p[1].shape == m[1].shape for p, m in later)
 

@@ -151,3 +151,76 @@ def test_kandinsky5_probe_times_every_visual_block_merged_and_unmerged(comfy: Pa
     for label in ("unmerged", "merged"):
         assert [(kind, n) for kind, n, _ in records[0][label]["blocks"]] == [("double", grid.tokens)] * blocks
     assert list(records[0]["plan_ms"]) == [str(grid.tokens)]
+
+
+def _toy_kv_cost() -> model.FamilyCost:
+    cost = _toy_cost()
+    for curve in cost.curves.values():
+        curve.kv_alpha, curve.kv_beta = curve.alpha, curve.beta
+    return cost
+
+
+def test_keys_values_keeps_every_token_in_the_linear_layers(comfy: Path) -> None:
+    """Scope keys_values prices a merged block as the unmerged curve with its attention over L_q x
+    (L - N + D) in padded heads, plus the K / V merge: below the block merge's gain, above 1, and
+    growing with the ratio."""
+    cost = _toy_kv_cost()
+    grid = rs.grid_for("flux", 1024, 1024)
+    overhead = 0.5
+
+    def kv_ms(*_):
+        return overhead
+
+    kv = model.predict(cost, "1024", model.Setting(0.5, 4, 0.0, blocks="all", scope="keys_values"), kv_ms=kv_ms)
+    block = model.predict(cost, "1024", model.Setting(0.5, 4, 0.0, blocks="all"))
+    d = rs.kept_tokens(grid, 0.5, 4)
+    t = cost.curves["double"]
+    length = grid.tokens + 256
+    expected = 5.0 + 57 * (t.a + t.b * length + t.kv_alpha * length * (d + 256) + overhead)
+    assert kv.merged_ms / kv.evaluations == pytest.approx(expected)
+    assert 1.0 < kv.speedup < block.speedup
+    ratios = [model.predict(cost, "1024", model.Setting(r, 4, 0.0, scope="keys_values"), kv_ms=kv_ms).speedup for r in (0.5, 0.75, 0.9)]
+    assert ratios == sorted(ratios)
+    with pytest.raises(ValueError, match="scope='attention'"):
+        model.Setting(scope="attention")
+
+
+def test_video_kept_tokens_follow_the_node_s_segments(comfy: Path) -> None:
+    """With tile_frames, D is frame 0 in spatial tiles plus the other frames in tiles of that many
+    frames (toma_core.video, as the video families build their plans); the plan built that way keeps D."""
+    import torch
+
+    from bench.speed import realsize_measure as measure
+
+    grid = rs.Grid(6, 8, 5)
+    tiling = rs.pack_module("toma_core").TileGrid
+    d = rs.kept_tokens(grid, 0.75, 4, tile_frames=4)
+    assert d == tiling(6, 8, 4, 0.75).num_kept + tiling(6, 8, 4, 0.75, frames=4, tile_frames=4).num_kept
+    assert rs.kept_tokens(grid, 0.75, 4) == 5 * tiling(6, 8, 4, 0.75).num_kept
+    plan = measure.video_plan(torch.randn(1, grid.tokens, 16), grid, 0.75, 4, 4)
+    assert plan.num_kept == d
+
+
+def test_keys_values_attention_fit_recovers_its_terms() -> None:
+    points = [{"head_dim": 136, "length": q, "keys": k, "ms": 2e-6 * q * k + 3e-3 * q} for q, k in ((2048, 1024), (4096, 410), (8192, 4096))]
+    assert model.kv_attention_fit(points, 136) == pytest.approx((2e-6, 3e-3))
+    with pytest.raises(ValueError, match="head_dim 72"):
+        model.kv_attention_fit(points, 72)
+
+
+def test_the_k_v_merge_probe_times_the_override_around_a_kernel_doing_no_attention(comfy: Path) -> None:
+    from bench.speed import realsize_measure as measure
+
+    clock = measure.Clock("cpu")
+    for grid, text in ((rs.Grid(8, 8, 5), 0), (rs.Grid(8, 8), 16)):
+        assert measure.kv_overhead_ms(grid, 64, 2, text, 0.75, 4, 4 if grid.frames > 1 else None, clock, "cpu", repeats=1) >= 0.0
+
+
+def test_wan_2_2_runs_as_its_template_wires_them(comfy: Path, schedule) -> None:
+    """Wan 2.2 14B's template: 20 steps with CFG (2 samples per call) on shift 8, or the 4-step
+    LightX2V path at cfg 1 on shift 5; both price the 40 blocks of Wan 14B's probes."""
+    full = rs.evaluations("wan22_14b", "720p", schedule(0.0, 1.0))
+    fast = rs.evaluations("wan22_14b_4step", "720p", schedule(0.0, 1.0))
+    assert (len(full), rs.calls_per_evaluation("wan22_14b")) == (20, 2)
+    assert (len(fast), rs.calls_per_evaluation("wan22_14b_4step")) == (4, 1)
+    assert rs.family("wan22_14b_4step").probed == "wan14b" and len(rs.block_sites("wan22_14b_4step")) == 40

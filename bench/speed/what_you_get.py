@@ -1,0 +1,158 @@
+"""The README's "What you get" table, generated from the real-size cost model's cached probes and the
+defaults search's fixture record.
+
+    python -m bench.speed.what_you_get            # print the generated part
+    python -m bench.speed.what_you_get --write    # rewrite it in README.md
+    python -m bench.speed.what_you_get --check    # exit 1 when README.md's differs
+
+The generated part runs from the README's `<!-- what-you-get: start -->` marker to its
+`<!-- what-you-get: generated above -->` marker (heading, intro, table, note); the advice after it is
+written by hand. Speed-ups: bench/speed/realsize_model.py `predict` (CPU ratios, one thread) on each
+run as its ComfyUI template sets it up (bench/speed/realsize_setup.py FAMILIES); the block-merge
+columns at ratio 0.5, the keys/values columns at ratio 0.75, both at the node's tile 8 except Flux.1-dev
+and SDXL's start 0.25 and every-step columns at tile 4, the settings the defaults search sampled on
+the fixtures (bench/speed/defaults_search.py); video families' plans as the node builds them (frame 0
+alone, tiles of the node's tile frames). Fixture quality: its record, mean over the seeds.
+A plan or K / V merge the cache lacks is timed on this machine and added to the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import defaults_search, realsize
+from . import realsize_model as model
+from . import realsize_setup as rs
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+START, END = "<!-- what-you-get: start -->", "<!-- what-you-get: generated above -->"
+
+COLUMNS = ("block 0.5, start 0.4 (defaults)", "block 0.5, start 0.25", "block 0.5, every step",
+           "keys_values 0.75, start 0.4", "keys_values 0.75, every step")
+
+
+def node_settings(tile_frames: int | None = None) -> list[model.Setting]:
+    """The table's columns at the node's tile 8 (tile_frames: a video family's plan as the node builds it)."""
+    return [model.Setting(0.5, 8, 0.4, tile_frames=tile_frames), model.Setting(0.5, 8, 0.25, tile_frames=tile_frames),
+            model.Setting(0.5, 8, 0.0, tile_frames=tile_frames),
+            model.Setting(0.75, 8, 0.4, scope="keys_values", tile_frames=tile_frames),
+            model.Setting(0.75, 8, 0.0, scope="keys_values", tile_frames=tile_frames)]
+
+
+SEARCHED = [model.Setting(0.5, 8, 0.4), model.Setting(0.5, 4, 0.25), model.Setting(0.5, 4, 0.0),
+            model.Setting(0.75, 8, 0.4, scope="keys_values"), model.Setting(0.75, 8, 0.0, scope="keys_values")]
+"""Flux.1-dev's and SDXL's columns: the block-merge settings the defaults search sampled on the fixtures."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: the label, the size cell, the runs (family, resolution) whose speed-ups a cell
+    joins with " / ", the settings per column; steps: note the steps the first run merges at the defaults."""
+
+    label: str
+    size: str
+    runs: tuple[tuple[str, str], ...]
+    settings: tuple[model.Setting, ...]
+    steps: bool = False
+
+
+def rows() -> list[Row]:
+    video = realsize.node_tile_frames()
+    node, frames = tuple(node_settings()), tuple(node_settings(video))
+    return [
+        Row("Flux.1-dev (20 steps)", "1024 / 2048 px", (("flux", "1024"), ("flux", "2048")), tuple(SEARCHED)),
+        Row("SDXL (30 steps, CFG)", "1024 / 2048 px", (("sdxl", "1024"), ("sdxl", "2048")), tuple(SEARCHED)),
+        Row("Flux.2-dev (20 steps)", "1024 / 2048 px", (("flux2", "1024"), ("flux2", "2048")), node),
+        Row("Flux.2 Klein 4B / 9B (4 steps)", "1024 px", (("flux2_klein4b", "1024"), ("flux2_klein9b", "1024")), node, steps=True),
+        Row("Z-Image Turbo (8 steps) / Z-Image (25, CFG) / Kandinsky 5 Image Lite (50, CFG)", "1024 px",
+            (("zimage", "1024"), ("zimage_base", "1024"), ("kandinsky5_image", "1024")), node),
+        Row("HunyuanVideo 1.5 (20 steps) / Kandinsky 5 Video Lite / Pro (50 steps); 121 frames, CFG", "720p / 768 x 512",
+            (("hunyuan_video15", "720p"), ("kandinsky5_lite", "768x512"), ("kandinsky5_pro", "768x512")), frames),
+        Row("Wan 2.2 14B (20 steps, CFG), 81 frames", "480p / 720p", (("wan22_14b", "480p"), ("wan22_14b", "720p")), frames),
+        Row("Wan 2.2 14B + LightX2V (4 steps, cfg 1), 81 frames", "480p / 720p",
+            (("wan22_14b_4step", "480p"), ("wan22_14b_4step", "720p")), frames),
+    ]
+
+
+def speed_cells(row: Row, cache: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> list[str]:
+    cells = []
+    for i, setting in enumerate(row.settings):
+        preds = [model.predict(model.fit_family(name, cache), resolution, setting, rs.family(name).frames, plan_ms=plans, kv_ms=kvs)
+                 for name, resolution in row.runs]
+        cell = " / ".join(f"{p.speedup:.2f}x" for p in preds)
+        first = preds[0]
+        if row.steps and i == 0 and first.merged_evaluations < first.evaluations:
+            cell += f" ({first.merged_evaluations} of {first.evaluations} steps)"
+        cells.append(cell)
+    return cells
+
+
+def quality_cells(quality: dict) -> list[str]:
+    """Flux / SDXL fixture PSNR per column (keys/values: not in the defaults search's record)."""
+    cells = []
+    for setting in SEARCHED:
+        if setting.scope != "block":
+            cells.append("–")
+            continue
+        values = [statistics.mean(quality["families"][name]["rows"][setting.label()]["psnr"]) for name in ("flux", "sdxl")]
+        cells.append(" / ".join(f"{v:.1f}" for v in values) + " dB")
+    return cells
+
+
+def section(cache: dict, quality: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> str:
+    lines = [
+        START, "## What you get", "",
+        ("Predicted end-to-end speed-up of a sampling run (model calls only) from real-width block timings on this project's CPU, runs as "
+        "ComfyUI's templates set them up, merging whole blocks (`scope` block) or only attention's keys and values (`scope` keys_values, "
+        "every query kept); how, and the defaults search: [docs/realsize.md](docs/realsize.md) ([docs/defaults.md](docs/defaults.md))."), "",
+        "| model (run) | size | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS),
+    ]
+    lines += [f"| {r.label} | {r.size} | " + " | ".join(speed_cells(r, cache, plans, kvs)) + " |" for r in rows()]
+    lines.append("| Flux / SDXL fixture quality (PSNR) | 128 / 64 px | " + " | ".join(quality_cells(quality)) + " |")
+    lines += ["", ("Generated by `python -m bench.speed.what_you_get --write`; fixture quality: mean over 5 seeds (`python -m "
+              "bench.speed.defaults_search table`); Flux.1-dev and SDXL at tile 4 from start 0.25 and every step, tile 8 elsewhere; "
+              "video plans in tiles of 4 frames, as the node builds them; the 0.33 models fitted from smaller probes, about ±0.06x. "
+              "CPU ratios (one thread); on a GPU re-measure with "
+              "`python -m bench.speed.realsize --device cuda measure`."), END]
+    return "\n".join(lines)
+
+
+def replace(text: str, generated: str) -> str:
+    """README text with the part from START to END (both included) replaced by `generated`."""
+    start, end = text.index(START), text.index(END) + len(END)
+    return text[:start] + generated + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="rewrite the generated part of README.md")
+    p.add_argument("--check", action="store_true", help="exit 1 when README.md's generated part differs")
+    p.add_argument("--cache", type=Path, default=realsize.CACHE)
+    args = p.parse_args(argv)
+    rs.import_comfy()
+    cache = realsize.load_cache(args.cache)
+    plans, kvs = realsize.PlanTimes(cache, "cpu"), realsize.KvTimes(cache, "cpu")
+    quality = defaults_search.merge_quality([json.loads(defaults_search.QUALITY.read_text())])
+    generated = section(cache, quality, plans, kvs)
+    if plans.timed or kvs.timed:
+        realsize.save_cache(args.cache, cache)
+    text = README.read_text(encoding="utf-8")
+    if args.check:
+        current = text[text.index(START):text.index(END) + len(END)]
+        if current != generated:
+            print("README.md's What you get differs from `python -m bench.speed.what_you_get`", file=sys.stderr)
+            return 1
+        return 0
+    if args.write:
+        README.write_text(replace(text, generated), encoding="utf-8")
+    print(generated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
