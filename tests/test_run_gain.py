@@ -383,8 +383,9 @@ def test_the_readme_example_run_line_is_what_the_code_prints():
 
 def test_auto_prices_the_keys_values_scope_by_its_attention_alone():
     """At the fake calls' 64 image tokens a width-3072 model's attention is a sliver of its work: merging
-    its keys and values is predicted to gain nothing, so min_tokens "auto" runs those calls unmerged,
-    where the block merge of the same model merges them."""
+    its keys and values is predicted to gain about nothing, within the cost model's error of the bar, so
+    min_tokens "auto" times one merged call against the unmerged ones and, measured no faster, runs the
+    rest unmerged, where the block merge of the same model (predicted clearly faster) merges them all."""
     block = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
     keys_values = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True, scope="keys_values"),), 3072, 0.5)
     merged = {}
@@ -392,7 +393,7 @@ def test_auto_prices_the_keys_values_scope_by_its_attention_alone():
         state = state_of(cost_profile=profile, min_tokens="auto")
         sample(state, FakeClock(), 1.0, 1.0)
         merged[name] = state.stats.merged_calls
-    assert merged == {"block": 4, "keys_values": 0}
+    assert merged == {"block": 4, "keys_values": 1}
 
 
 class FakeDit(torch.nn.Module):
