@@ -65,13 +65,11 @@ def test_package_files_stay_small(folder: str) -> None:
 
 @pytest.mark.parametrize("family", registry.FAMILIES, ids=lambda f: f.name)
 def test_resolve_makes_auto_the_family_choice(family) -> None:
-    """Scope "auto" and key_mass None become the family's own choices; explicit values stay as given."""
+    """Scope "auto" becomes the family's own scope; an explicit scope stays as given."""
     settings = pack_module("nodes.settings")
     auto = family.resolve(settings.ToMASettings(scope="auto"))
-    assert (auto.scope, auto.key_mass) == (family.scope, family.key_mass)
-    assert auto.scope in settings.SCOPES and auto.scope != "auto"
-    chosen = family.resolve(settings.ToMASettings(scope="block", key_mass=not family.key_mass))
-    assert (chosen.scope, chosen.key_mass) == ("block", not family.key_mass)
+    assert auto.scope == family.scope and auto.scope in settings.SCOPES and auto.scope != "auto"
+    assert family.resolve(settings.ToMASettings(scope="attention")).scope == "attention"
 
 
 def test_video_families_default_to_keys_values() -> None:

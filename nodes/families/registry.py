@@ -48,8 +48,7 @@ class Family:
     (run/gain.py); title, models, how, limits: its README row; node_models: how the nodes'
     description and model tooltip name it; blocks_example: a `blocks` list for the Advanced node's
     tooltip, valid on every model of the family; video: it reads `tile_frames`. scope: what scope
-    "auto" runs on it, key_mass: whether its keys_values merge weighs each merged key by its mass
-    (both chosen from the scope study on the trained fixtures, docs/quality.md)."""
+    "auto" runs on it (chosen from the scope study on the trained fixtures, docs/video.md)."""
 
     name: str
     classes: tuple[str, ...]
@@ -64,13 +63,10 @@ class Family:
     blocks_example: str
     video: bool = False
     scope: str = "block"
-    key_mass: bool = True
 
     def resolve(self, settings: ToMASettings) -> ToMASettings:
-        """`settings` with scope "auto" and key_mass None made this family's choices."""
-        scope = self.scope if settings.scope == AUTO_SCOPE else settings.scope
-        key_mass = self.key_mass if settings.key_mass is None else settings.key_mass
-        return replace(settings, scope=scope, key_mass=key_mass)
+        """`settings` with scope "auto" made this family's choice."""
+        return replace(settings, scope=self.scope) if settings.scope == AUTO_SCOPE else settings
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -125,7 +121,7 @@ FAMILIES: tuple[Family, ...] = (
         "HunyuanVideo (T2V, custom I2V, image-to-video v2), HunyuanVideo 1.5 (ComfyUI 0.33), HunyuanImage 2.1",
         "Replaces the dit double/single blocks with spatio-temporal tiles (frame 0 alone; later frames in tiles of `tile_frames` (default 4) frames x `tile_size` x `tile_size`). Text tokens (before or after the video, as each ComfyUI lays them out), the text mask and reference-latent tokens pass through unmerged.",
         "No `scope = attention`, no `proportional_attention`. Image-to-video \"v2 (replace)\": frame 0 merges on its own and its modulation spans follow (ComfyUI runs it at batch 1 only).",
-        "HunyuanVideo", "double:5-19", video=True, scope=KEYS_VALUES, key_mass=False,
+        "HunyuanVideo", "double:5-19", video=True, scope=KEYS_VALUES,
     ),
     Family(
         "wan", ("comfy.ldm.wan.model:WanModel",), wan.apply,
@@ -133,7 +129,7 @@ FAMILIES: tuple[Family, ...] = (
         "Wan 2.1 T2V / I2V / FLF2V (1.3B, 14B), Wan 2.2 A14B T2V / I2V (each expert is its own MODEL: patch both), Wan 2.2-5B TI2V; Fun reference, Phantom, VACE, Bernini (ComfyUI 0.33); S2V runs unmerged",
         "Replaces the dit blocks (`blocks:` in `blocks`) with spatio-temporal tiles (`tile_size` x `tile_size` tokens x `tile_frames` frames); text is cross-attention and never merged; frame 0 and frames of different timesteps never merge with other frames; Fun reference and Phantom frames and Bernini's in-context tokens pass through.",
         "No `scope = attention`, no `proportional_attention`. VACE blocks run unmerged; S2V runs unmerged (logged); Camera, HuMo and Animate refused. Quality not measured on real Wan weights.",
-        "Wan", "blocks:5-29", video=True, scope=KEYS_VALUES, key_mass=False,
+        "Wan", "blocks:5-29", video=True, scope=KEYS_VALUES,
     ),
     Family(
         "kandinsky5", ("comfy.ldm.kandinsky5.model:Kandinsky5",), kandinsky5.apply,
@@ -141,7 +137,7 @@ FAMILIES: tuple[Family, ...] = (
         "Kandinsky 5.0 Video Lite / Pro (T2V, I2V), Image Lite (ComfyUI 0.33)",
         "Object-patches each selected visual block (`blocks:` in `blocks`); spatio-temporal tiles as for Wan (frame 0 alone); text is cross-attention and never merged, the text blocks run as they are; merged tokens take their destinations' rope rows.",
         "No `scope = attention`, no `proportional_attention`. Tested on tiny models of ComfyUI's class; quality not measured on real weights.",
-        "Kandinsky 5", "blocks:5-29", video=True, scope=KEYS_VALUES, key_mass=False,
+        "Kandinsky 5", "blocks:5-29", video=True, scope=KEYS_VALUES,
     ),
     Family(
         "hidream", ("comfy.ldm.hidream.model:HiDreamImageTransformer2DModel",), hidream.apply,

@@ -204,8 +204,8 @@ def check_keys_values_rows(
     tokens it stands for: every other row is an image row, and sum_d m_d M k_d = sum_i k_i over them
     (each token's assignment weights sum to 1 over its destinations, toma_core/plan.py), for keys and
     values. The block's later attention calls (cross-attention) keep their keys; the run's output is
-    finite and changed. The log-mass is on (key_mass True) whatever the family's own choice."""
-    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values", "key_mass": True} | settings
+    finite and changed."""
+    settings = {"ratio": 0.5, "tile_size": 4, "blocks": "all", "scope": "keys_values"} | settings
     plain, base = heads_first_inputs(tiny, model, latent, pos, neg)
     merged, out = heads_first_inputs(tiny, patch(toma, model, **settings), latent, pos, neg)
     assert torch.isfinite(out).all() and rel(out, base) > 1e-4
