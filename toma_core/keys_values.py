@@ -93,10 +93,8 @@ def with_mass_channel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
     first e channels are the biased attention."""
     e = q.shape[-1]
     size = padded_head(e)
-    q = F.pad(q, (0, size - e))
-    q[..., e] = 1.0
-    keys = k.new_empty(*k.shape[:-1], size)
-    torch.mul(k, math.sqrt(size / e), out=keys[..., :e])
-    keys[..., e] = (bias * math.sqrt(size)).to(k.dtype)[:, None, :]
-    keys[..., e + 1:] = 0.0
-    return q, keys, F.pad(v, (0, size - e))
+    ones = torch.ones(*q.shape[:-1], 1, dtype=q.dtype, device=q.device)
+    q = torch.cat([q, ones, q.new_zeros(*q.shape[:-1], size - e - 1)], dim=-1)
+    column = (bias * math.sqrt(size)).to(k.dtype)[:, None, :, None].expand(-1, k.shape[1], -1, -1)
+    k = torch.cat([k * math.sqrt(size / e), column, k.new_zeros(*k.shape[:-1], size - e - 1)], dim=-1)
+    return q, k, F.pad(v, (0, size - e))
