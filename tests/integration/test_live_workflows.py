@@ -116,7 +116,9 @@ def check_run_record(record: Any, family: str, toma: dict[str, Any]) -> None:
     """A forced run's record (live_prompts.run_records): the node's scope, every step merged, the
     token counts of ToMA's tiling on the expected grids, and a gain stated."""
     assert record.family == family, record
-    scope = toma.get("scope", "block")
+    scope = toma.get("scope", "auto")
+    if scope == "auto":  # ToMA Patch has no scope input: its family's own (registry.py Family.scope)
+        scope = next(f.scope for f in pack_module("nodes.families.registry").FAMILIES if f.name == family)
     assert (f"scope {scope}," in record.settings) == (scope != "block"), record  # ToMASettings.describe names a scope other than block
     assert record.steps_merged == record.total_steps > 0, record  # start_percent 0: every step merged
     assert record.tokens and set(record.tokens) <= expected_grids(family), record
