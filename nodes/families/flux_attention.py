@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from einops import rearrange
 
 from ...toma_core import MergePlan
+from ...toma_core.keys_values import merge_key_rows
 
 Override = Callable[..., torch.Tensor]
 
@@ -56,21 +56,13 @@ def merged_attention(plan: MergePlan, text_len: int, mask: torch.Tensor | None, 
                 f"ToMA scope 'attention' expected Flux's (B, H, L, hd) attention with L >= {text_len + n} and a "
                 f"(B, L, H*hd) output, got q of shape {tuple(q.shape)}; use scope 'block' for this model"
             )
-        merged = [merge_heads(t, plan, text_len) for t in (q, k, v)]
+        merged = [merge_key_rows(t, plan, text_len) for t in (q, k, v)]
         kwargs["mask"] = mask
         call = func if inner is None else lambda *a, **kw: inner(func, *a, **kw)
         out = call(*merged, heads, *args, **kwargs)
         return unmerge_rows(out, plan, text_len)
 
     return override
-
-
-def merge_heads(t: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
-    """t (B, H, L, hd) -> (B, H, L - N + D, hd): the rows [start, start + N) merged to D."""
-    n, heads = plan.num_tokens, t.shape[1]
-    span = plan.merge(rearrange(t[:, :, start:start + n], "b h n e -> b n (h e)"))
-    span = rearrange(span, "b d (h e) -> b h d e", h=heads)
-    return torch.cat([t[:, :, :start], span, t[:, :, start + n:]], dim=2)
 
 
 def unmerge_rows(out: torch.Tensor, plan: MergePlan, start: int) -> torch.Tensor:
