@@ -153,7 +153,7 @@ class TiledMergePlan(MergePlan):
         if self.maps is not None:
             y = take_rows(y, self.maps[1])
         tiles = y.view(y.shape[0], self.grid.num_tiles, self.dst.shape[-1], y.shape[-1])
-        return (self._matrix("unmerge", y) @ tiles).flatten(1, 2).index_select(1, self._unfold_index.to(y.device))
+        return self.grid.unfold(self._matrix("unmerge", y) @ tiles, self._unfold_index)
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         if self.unmerge_mode == "output":

@@ -110,7 +110,6 @@ class TileGrid:
     def keeps_all(self) -> bool:
         return self.num_kept == self.num_tokens
 
-
     @property
     def uniform(self) -> bool:
         """True when every tile keeps k destinations (no unused slots)."""
@@ -179,7 +178,9 @@ class TileGrid:
             index = torch.where(index < 0, self.num_tokens, index)
         return x.index_select(1, index).view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
 
-    def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
+    def unfold(self, tiles: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped): one index_select,
-        not a permute, a crop and a copy."""
-        return tiles.flatten(1, 2).index_select(1, self.unfold_index(tiles.device))
+        not a permute, a crop and a copy. index: unfold_index(), when the caller keeps it (a plan
+        unmerges in every merged block)."""
+        index = self.unfold_index(tiles.device) if index is None else index.to(tiles.device)
+        return tiles.flatten(1, 2).index_select(1, index)
