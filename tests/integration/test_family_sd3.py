@@ -123,10 +123,10 @@ def test_keys_values_merge_the_x_block_self_attention_keys_too(sd3: Any, tiny: A
     assert [m[1].shape[1] for m in merged] == [TEXT + 32, 32, TEXT + 64, TEXT + 64]
     for (q_p, k_p, v_p), (q_m, k_m, v_m), text in zip(plain[:2], merged[:2], (TEXT, 0)):
         e, e_pad = q_p.shape[-1], q_m.shape[-1]
-        torch.testing.assert_close(q_m[..., :e] / (e_pad / e) ** 0.5, q_p, rtol=1e-5, atol=1e-5)
-        for p_t, m_t in ((k_p, k_m), (v_p, v_m)):
-            torch.testing.assert_close(m_t[:, :text, :, :e], p_t[:, :text])
+        torch.testing.assert_close(q_m[..., :e], q_p, rtol=1e-5, atol=1e-5)
+        for p_t, m_t, scale in ((k_p, k_m, (e_pad / e) ** 0.5), (v_p, v_m, 1.0)):
+            torch.testing.assert_close(m_t[:, :text, :, :e] / scale, p_t[:, :text])
             image = plan.merge(p_t[:, text:].flatten(2)).unflatten(-1, p_t.shape[2:])
-            torch.testing.assert_close(m_t[:, text:, :, :e], image, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(m_t[:, text:, :, :e] / scale, image, rtol=1e-5, atol=1e-5)
         mass = k_m[:, text:, 0, e] / e_pad ** 0.5
         torch.testing.assert_close(mass, plan.size_bias().to(mass), rtol=1e-5, atol=1e-5)

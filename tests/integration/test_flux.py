@@ -493,7 +493,8 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
         nodes.ToMAPatchAdvanced.execute(tiny_flux, 0.5, 4, 0.0, 1.0, 1, "all", 0, "cosine", 0.001, "global", False, "block", False, 1, "delta")
 
 
-def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
+def test_entrypoint_lists_the_nodes(comfy: Any) -> None:
+    """The V3 entrypoint lists the pack's three nodes and no V1 mapping."""
     import asyncio
 
     from harness.pack import import_pack_init
@@ -502,7 +503,7 @@ def test_entrypoint_lists_both_nodes(comfy: Any) -> None:
     assert not hasattr(module, "NODE_CLASS_MAPPINGS")
     extension = asyncio.run(module.comfy_entrypoint())
     ids = [node.define_schema().node_id for node in asyncio.run(extension.get_node_list())]
-    assert ids == ["ToMAPatch", "ToMAPatchAdvanced"]
+    assert ids == ["ToMAPatch", "ToMAPatchAdvanced", "ToMACompare"]
 
 
 def test_example_workflow_matches_comfy_and_schema(comfy: Any, toma: Any) -> None:

@@ -159,7 +159,8 @@ def test_flux_kv_cache_references_stay_unmerged(klein: Any, tiny: Any, toma: Any
     run merges; the first call's attention holds the image and its references ([txt; img; ref]
     queries, T + D + R keys), the cached calls' the text and image alone as queries and the R cached
     reference keys after the D merged ones, with no log-mass; at the first block of the cached call
-    they are the unpatched cache's keys and values exactly. The output is finite and merged."""
+    they are the unpatched cache's keys and values exactly (keys
+    scaled by sqrt(e'/e), toma_core/keys_values.py). The output is finite and merged."""
     plain_cache = kv_cache(klein)
     chained = patch(toma, plain_cache, **KV) if order == "toma_last" else kv_cache(patch(toma, klein, **KV))
     plain, base = kernel_inputs(tiny, plain_cache)
@@ -171,12 +172,12 @@ def test_flux_kv_cache_references_stay_unmerged(klein: Any, tiny: Any, toma: Any
     assert len(plain) == len(merged) == 2 * 4
     for i, ((q_p, k_p, v_p), (q_m, k_m, v_m)) in enumerate(zip(plain, merged)):
         cached = i >= 4
-        e = q_p.shape[-1]
+        e, e_pad = q_p.shape[-1], q_m.shape[-1]
         assert q_m.shape[1] == q_p.shape[1] == TEXT + 64 + (0 if cached else REFS)
         assert k_p.shape[1] == TEXT + 64 + REFS and k_m.shape[1] == TEXT + 32 + REFS
         assert torch.equal(k_m[:, -REFS:, :, e], torch.zeros_like(k_m[:, -REFS:, :, e]))
         if i == 4:  # double block 0 of the cached call: the cache the first call filled, before any merged block
-            torch.testing.assert_close(k_m[:, -REFS:, :, :e], k_p[:, -REFS:], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(k_m[:, -REFS:, :, :e] / (e_pad / e) ** 0.5, k_p[:, -REFS:], rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(v_m[:, -REFS:, :, :e], v_p[:, -REFS:], rtol=1e-5, atol=1e-6)
 
 
