@@ -262,8 +262,8 @@ def cmd_table(args: argparse.Namespace) -> None:
 
 def cmd_measure_kv(args: argparse.Namespace) -> None:
     """The keys/values attention probes (padded heads, fewer keys than queries) of the families' kinds,
-    and with --blocks their probe grids timed with scope keys_values (cache["kv_probes"], the check of
-    the keys/values block model)."""
+    and with --blocks their probe grids (or --grid) timed with --scope (cache["kv_probes"], the
+    same-session check of the block models, realsize_tables.kv_probe_table)."""
     cache = load_cache(args.cache)
     cache.setdefault("kv_attention", [])
     cache.setdefault("kv_probes", [])
@@ -278,13 +278,15 @@ def cmd_measure_kv(args: argparse.Namespace) -> None:
             save_cache(args.cache, cache)
     for name in args.families if args.blocks else []:
         def keep(records: list[dict[str, Any]], name: str = name) -> None:
-            done = {tuple(r["grid"]) for r in records}
-            cache["kv_probes"] = [r for r in cache["kv_probes"] if not (r["family"] == name and tuple(r["grid"]) in done)] + records
+            done = {(tuple(r["grid"]), r["scope"]) for r in records}
+            cache["kv_probes"] = [r for r in cache["kv_probes"]
+                                  if not (r["family"] == name and (tuple(r["grid"]), r.get("scope")) in done)] + records
             save_cache(args.cache, cache)
 
-        grids = [grid for grid, _ in PROBES[rs.family(name).probed]][: args.grids]
+        grids = [rs.Grid(args.grid[1], args.grid[2], args.grid[0])] if args.grid else [grid for grid, _ in PROBES[rs.family(name).probed]][: args.grids]
         measure.probe(rs.family(name).probed, grids, PROBE_RATIO, PROBE_TILE, args.rounds or 1, args.device,
-                      log=lambda s: print(s, flush=True), keep=keep, scope="keys_values")
+                      log=lambda s: print(s, flush=True), keep=keep, scope=args.scope,
+                      tile_frames=node_tile_frames() if rs.family(name).video else None)
 
 
 def cmd_scopes(args: argparse.Namespace) -> None:
@@ -325,7 +327,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     k.add_argument("--families", nargs="+", default=[name for name, _ in SCOPE_RUNS], choices=list(rs.FAMILIES))
     k.add_argument("--blocks", action="store_true", help="also time the families' probe grids with scope keys_values")
     k.add_argument("--grids", type=int, default=1, help="how many of a family's probe grids --blocks times (smallest first)")
+    k.add_argument("--grid", type=int, nargs=3, default=None, metavar=("F", "H", "W"), help="--blocks on this grid instead")
     k.add_argument("--rounds", type=int, default=1)
+    k.add_argument("--scope", default="keys_values", choices=list(model.SCOPES), help="the merged model's scope (--blocks)")
     c = sub.add_parser("scopes", help="block against keys/values merging on the video and large-image runs")
     c.add_argument("--runs", nargs="+", default=None, help="family@resolution (default: SCOPE_RUNS)")
     c.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75, 0.9])
