@@ -165,3 +165,16 @@ def test_keys_values_keeps_text_keys_exact():
     joint = cost.BlockCost(3072, 57, merged=True, scope="keys_values")
     cross = cost.BlockCost(3072, 57, merged=True, scope="keys_values", joint=False)
     assert cost.call_speedup([joint], 16384, 4096, 0.25) < cost.call_speedup([cross], 16384, 4096, 0.25)
+
+
+@pytest.mark.parametrize("point", cost.KV_CALIBRATION, ids=lambda p: "x".join(map(str, p["grid"])) + f"-C{p['width']}-r{p['ratio']}")
+def test_keys_values_merge_cost_follows_its_measurements(point):
+    """keys_values_flops' K / V merge term (no attention: a block with attention off and no linear
+    work) against the override's measured ms at real widths, within a factor 2 (a shared CPU)."""
+    frames, height, width = point["grid"]
+    tokens = frames * height * width
+    block = cost.BlockCost(point["width"], linear=0.0, attention=False, joint=False, merged=True, scope="keys_values")
+    tile = 64 * point["tile_frames"]
+    flops = cost.keys_values_flops(block, tokens, 0, 1.0 - point["ratio"], tile)
+    predicted_ms = flops / cost.LAUNCH["cpu"] * cost.LAUNCH_SECONDS_CPU * 1000
+    assert 1 / 2 < predicted_ms / point["ms"] < 2

@@ -80,14 +80,35 @@ MOVE = 1000.0
 """Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
 (memory-bound); fitted to CALIBRATION."""
 
-KV_MERGE = 4.0
-"""Flop-equivalents per image token, channel and tile destination of a keys/values block's K / V merge:
-two (k, n) @ (n, C) matmuls per tile, 2 k n C flops each over n tokens; fitted with KV_MOVE to KV_CALIBRATION."""
+KV_MERGE = 0.8
+"""Flop-equivalents per image token, channel and tile destination of a keys/values block's K / V merge
+(two (k, n) @ (n, C) matmuls per tile: 4 k flops per token and channel at the matmuls' best rate,
+below it in flop-equivalents); fitted with KV_MOVE to KV_CALIBRATION."""
 
-KV_MOVE = 50.0
+KV_MOVE = 220.0
 """Flop-equivalents per image token and channel of a keys/values block's copies: the tiles folded, the
 rows around the merged ones, q / k / v padded to e' and the output's e channels taken back
-(memory-bound); fitted with KV_MERGE to KV_CALIBRATION."""
+(memory-bound at a real width: about 15 ns per token and channel on one thread); fitted with KV_MERGE
+to KV_CALIBRATION."""
+
+KV_CALIBRATION = (
+    {"grid": (1, 88, 88), "width": 6144, "ratio": 0.5, "tile_frames": 1, "ms": 1318.7},
+    {"grid": (1, 88, 88), "width": 6144, "ratio": 0.75, "tile_frames": 1, "ms": 868.3},
+    {"grid": (1, 88, 88), "width": 6144, "ratio": 0.9, "tile_frames": 1, "ms": 581.2},
+    {"grid": (1, 88, 88), "width": 3072, "ratio": 0.5, "tile_frames": 1, "ms": 557.8},
+    {"grid": (1, 88, 88), "width": 3072, "ratio": 0.9, "tile_frames": 1, "ms": 257.2},
+    {"grid": (5, 30, 40), "width": 5120, "ratio": 0.5, "tile_frames": 4, "ms": 836.0},
+    {"grid": (5, 30, 40), "width": 5120, "ratio": 0.9, "tile_frames": 4, "ms": 623.4},
+    {"grid": (5, 32, 40), "width": 1792, "ratio": 0.5, "tile_frames": 4, "ms": 194.2},
+    {"grid": (5, 32, 40), "width": 4096, "ratio": 0.75, "tile_frames": 4, "ms": 447.3},
+)
+"""Measured ms of one keys/values block's work besides its attention kernel (nodes/machinery/keys_values.py
+KeysValuesOverride around a kernel doing no attention, less that kernel on the unmerged q / k / v:
+bench/speed/realsize_measure.py kv_overhead_ms, cached in bench/speed/realsize_cpu.json "kv_merge") on
+frames x height x width tokens of Flux.2-dev (6144) / Flux.1-dev (3072) width with their text keys first,
+and of Wan 14B (5120) / Kandinsky 5 Video Lite (1792) / Pro (4096) in the node's video plan (frame 0
+alone, tiles of 4 frames), tile 8, one thread, process CPU clock, fastest of 3. keys_values_flops' merge
+term is within a factor 2 of each (tests/test_cost.py); a block's attention is 100-1000 times longer."""
 
 PLAN_MOVES = 0.85
 """A call's plan costs this many MOVE passes over its image tokens (features, assignment), once per

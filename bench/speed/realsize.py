@@ -67,7 +67,11 @@ ATTENTION = {128: [2048, 4096, 8192, 16384], 64: [2048, 4096, 8192], 40: [2048, 
 """SDPA lengths per head_dim for the N^2 terms."""
 
 KV_ATTENTION = [(q, k) for q in (2048, 4096, 8192, 16384) for k in (q // 2, q // 4, q // 10)]
-"""(L_q, L_kv) of the keys/values attention probes: every query over a half, a quarter, a tenth of the keys."""
+"""(L_q, L_kv) of the keys/values attention probes in the padded head: every query over a half, a
+quarter, a tenth of the keys."""
+
+KV_SQUARE = [(q, q) for q in (2048, 4096, 8192)]
+"""(L_q, L_kv) of the unpadded square attention timed in the same session (realsize_model.kv_attention_terms)."""
 
 SCOPE_RUNS = [("wan22_14b", "480p"), ("wan22_14b", "720p"), ("wan22_14b_4step", "480p"), ("wan22_14b_4step", "720p"),
               ("hunyuan_video15", "720p"), ("kandinsky5_lite", "768x512"), ("kandinsky5_pro", "768x512"),
@@ -124,11 +128,21 @@ def cmd_measure(args: argparse.Namespace) -> None:
         measure.probe(name, todo, PROBE_RATIO, PROBE_TILE, rounds, args.device, log=lambda s: print(s, flush=True), keep=keep)
 
 
-class PlanTimes:
-    """plan_ms for the model, from the cache or timed now (realsize_measure.plan_ms at those tokens)."""
+class CachedTimes:
+    """Timings read from the cache or timed now; `timed` counts the new ones. With `path`, each new
+    timing is saved there at once (a long table keeps what it timed)."""
 
-    def __init__(self, cache: dict[str, Any], device: str) -> None:
-        self.cache, self.device, self.timed = cache, device, 0
+    def __init__(self, cache: dict[str, Any], device: str, path: Path | None = None) -> None:
+        self.cache, self.device, self.timed, self.path = cache, device, 0, path
+
+    def _timed(self) -> None:
+        self.timed += 1
+        if self.path is not None:
+            save_cache(self.path, self.cache)
+
+
+class PlanTimes(CachedTimes):
+    """plan_ms for the model: one plan (realsize_measure.plan_ms) at those tokens, width and setting."""
 
     def __call__(self, grid: rs.Grid, channels: int, ratio: float, tile: int, tile_frames: int | None = None) -> float:
         frames = "" if tile_frames is None else f":tf{tile_frames}"
@@ -136,7 +150,7 @@ class PlanTimes:
         if key not in self.cache["plans"]:
             self.cache["plans"][key] = measure.plan_ms(grid, channels, ratio, tile, measure.Clock(self.device), self.device,
                                                        tile_frames=tile_frames)
-            self.timed += 1
+            self._timed()
         return self.cache["plans"][key]
 
 
@@ -146,13 +160,13 @@ smaller square and scaled by their token count (the merge's work is a few passes
 values and queries and the tiles' matmuls: linear in N at a fixed tile)."""
 
 
-class KvTimes:
+class KvTimes(CachedTimes):
     """kv_ms for the model: ms of one keys/values block's K / V merge (realsize_measure.kv_overhead_ms),
     timed on a probe grid of at most KV_PROBE_TOKENS image tokens (the real rows and columns, fewer
     frames; or a smaller square) and scaled to the block's N; cached in the cache's "kv_merge"."""
 
-    def __init__(self, cache: dict[str, Any], device: str) -> None:
-        self.cache, self.device, self.timed = cache, device, 0
+    def __init__(self, cache: dict[str, Any], device: str, path: Path | None = None) -> None:
+        super().__init__(cache, device, path)
         self.cache.setdefault("kv_merge", {})
 
     def __call__(self, grid: rs.Grid, channels: int, heads: int, text: int, ratio: float, tile: int,
@@ -163,7 +177,7 @@ class KvTimes:
         if key not in self.cache["kv_merge"]:
             self.cache["kv_merge"][key] = measure.kv_overhead_ms(probe, channels, heads, text, ratio, tile, tile_frames,
                                                                  measure.Clock(self.device), self.device)
-            self.timed += 1
+            self._timed()
         return self.cache["kv_merge"][key] * grid.tokens / probe.tokens
 
 
@@ -248,41 +262,42 @@ def cmd_table(args: argparse.Namespace) -> None:
 
 def cmd_measure_kv(args: argparse.Namespace) -> None:
     """The keys/values attention probes (padded heads, fewer keys than queries) of the families' kinds,
-    and with --blocks their probe grids timed with scope keys_values (cache["kv_probes"], the check of
-    the keys/values block model)."""
+    and with --blocks their probe grids (or --grid) timed with --scope (cache["kv_probes"], the
+    same-session check of the block models, realsize_tables.kv_probe_table)."""
     cache = load_cache(args.cache)
     cache.setdefault("kv_attention", [])
     cache.setdefault("kv_probes", [])
-    needed = sorted({model.padded_head(hd) for name in args.families for _, hd in model.HEADS[name].values()})
+    heads = {hd for name in args.families for _, hd in model.HEADS[name].values()}
+    needed = sorted([(model.padded_head(hd), KV_ATTENTION) for hd in heads] + [(hd, KV_SQUARE) for hd in heads])
     have = {(p["head_dim"], p["length"], p["keys"]) for p in cache["kv_attention"]}
-    for hd in needed:
-        todo = [(q, k) for q, k in KV_ATTENTION if (hd, q, k) not in have]
+    for hd, pairs in needed:
+        todo = [(q, k) for q, k in pairs if (hd, q, k) not in have]
         if todo:
             cache["kv_attention"] += measure.kv_attention_probe(hd, todo, args.device)
             print(f"keys/values attention head_dim {hd}: {todo}", flush=True)
             save_cache(args.cache, cache)
     for name in args.families if args.blocks else []:
         def keep(records: list[dict[str, Any]], name: str = name) -> None:
-            done = {tuple(r["grid"]) for r in records}
-            cache["kv_probes"] = [r for r in cache["kv_probes"] if not (r["family"] == name and tuple(r["grid"]) in done)] + records
+            done = {(tuple(r["grid"]), r["scope"]) for r in records}
+            cache["kv_probes"] = [r for r in cache["kv_probes"]
+                                  if not (r["family"] == name and (tuple(r["grid"]), r.get("scope")) in done)] + records
             save_cache(args.cache, cache)
 
-        grids = [grid for grid, _ in PROBES[rs.family(name).probed]][: args.grids]
+        grids = [rs.Grid(args.grid[1], args.grid[2], args.grid[0])] if args.grid else [grid for grid, _ in PROBES[rs.family(name).probed]][: args.grids]
         measure.probe(rs.family(name).probed, grids, PROBE_RATIO, PROBE_TILE, args.rounds or 1, args.device,
-                      log=lambda s: print(s, flush=True), keep=keep, scope="keys_values")
+                      log=lambda s: print(s, flush=True), keep=keep, scope=args.scope,
+                      tile_frames=node_tile_frames() if rs.family(name).video else None)
 
 
 def cmd_scopes(args: argparse.Namespace) -> None:
     from . import realsize_tables
 
     cache = load_cache(args.cache)
-    plans, kvs = PlanTimes(cache, args.device), KvTimes(cache, args.device)
+    plans, kvs = PlanTimes(cache, args.device, args.cache), KvTimes(cache, args.device, args.cache)
     runs = [tuple(r.split("@")) for r in args.runs] if args.runs else SCOPE_RUNS
     text = realsize_tables.scope_table(cache, runs, args.ratios, args.starts, args.tile_size, node_tile_frames(), plans, kvs)
     if args.check:
         text += "\n\n" + realsize_tables.kv_probe_table(cache, kvs)
-    if plans.timed or kvs.timed:
-        save_cache(args.cache, cache)
     print(text)
 
 
@@ -312,7 +327,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     k.add_argument("--families", nargs="+", default=[name for name, _ in SCOPE_RUNS], choices=list(rs.FAMILIES))
     k.add_argument("--blocks", action="store_true", help="also time the families' probe grids with scope keys_values")
     k.add_argument("--grids", type=int, default=1, help="how many of a family's probe grids --blocks times (smallest first)")
+    k.add_argument("--grid", type=int, nargs=3, default=None, metavar=("F", "H", "W"), help="--blocks on this grid instead")
     k.add_argument("--rounds", type=int, default=1)
+    k.add_argument("--scope", default="keys_values", choices=list(model.SCOPES), help="the merged model's scope (--blocks)")
     c = sub.add_parser("scopes", help="block against keys/values merging on the video and large-image runs")
     c.add_argument("--runs", nargs="+", default=None, help="family@resolution (default: SCOPE_RUNS)")
     c.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75, 0.9])

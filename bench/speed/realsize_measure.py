@@ -340,12 +340,15 @@ def width_of(name: str) -> int:
 
 def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds: int, device: str,
           log: Callable[[str], None] = print, keep: Callable[[list[dict[str, Any]]], None] | None = None,
-          dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None, scope: str = "block") -> list[dict[str, Any]]:
+          dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None, scope: str = "block",
+          tile_frames: int | None = None) -> list[dict[str, Any]]:
     """Time unmerged and merged calls of the few-block model on each grid, in turns; one record per
     grid and round (block runs, call ms, the plan ms taken out of the first merged block per level).
     keep(records of a grid) is called after each grid (to cache them as they come). dtype: weights
     and compute; overrides: config keys replacing the real ones (build_reduced); scope: the merged
-    model's (the records say it)."""
+    model's (the records say it); tile_frames: the video plan whose time is taken out is built as the
+    node builds it, in tiles of that many frames (None: make_plan in tiles of 2 frames, as the block
+    probes above were)."""
     import comfy.model_management
 
     clock = Clock(device)
@@ -358,8 +361,6 @@ def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds:
     install_timers(merged, name, timers["merged"])
     records = []
     fam = rs.family(name)
-    # the keys/values probes were added with the video families' plan (frame 0 alone, the node's tile frames)
-    tile_frames = rs.pack_module("nodes.settings").NODE_TILE_FRAMES if scope == "keys_values" and fam.video else None
     warm = latent(name, min(grids, key=lambda g: g.tokens), 1, device)
     for patcher in (plain, merged):  # untimed: the first call of a model pays allocations
         comfy.model_management.load_models_gpu([patcher])

@@ -137,6 +137,21 @@ def kv_attention_fit(points: list[dict[str, Any]], head_dim: int) -> tuple[float
     return (y1 * s22 - y2 * s12) / det, (s11 * y2 - s12 * y1) / det
 
 
+def kv_attention_terms(points: list[dict[str, Any]], head_dim: int, alpha: float) -> tuple[float | None, float]:
+    """(kv_alpha, kv_beta) of a kind's keys/values attention, one head: the padded head's fit
+    (kv_attention_fit at padded_head(head_dim)) in the units of the kind's own attention fit `alpha`,
+    i.e. times alpha over the unpadded square attention timed with it (`realsize measure-kv` times
+    both in one session: SDPA's speed moves between sessions on this shared machine, and the
+    keys/values block must be priced against the attention its curve was fitted with). (None, 0)
+    without those probes."""
+    padded = padded_head(head_dim)
+    if not any(p["head_dim"] == padded for p in points) or not any(p["head_dim"] == head_dim for p in points):
+        return None, 0.0
+    kv_alpha, kv_beta = kv_attention_fit(points, padded)
+    session = alpha / kv_attention_fit(points, head_dim)[0]
+    return kv_alpha * session, kv_beta * session
+
+
 @dataclass
 class KindCurve:
     """t(L) = a + b L + heads attn(L) of one block kind, and its merge correction at N image tokens.
@@ -228,9 +243,7 @@ def fit_family(name: str, cache: dict[str, Any]) -> FamilyCost:
             continue
         curve = KindCurve(0.0, 0.0, heads, alpha, beta, probe_lengths=sorted({length for length, _ in runs}))
         curve.a, curve.b = _linear([(length, ms - heads * (alpha * length ** 2 + beta * length)) for length, ms in runs])
-        padded = padded_head(head_dim)
-        if any(p["head_dim"] == padded for p in cache.get("kv_attention", [])):
-            curve.kv_alpha, curve.kv_beta = kv_attention_fit(cache["kv_attention"], padded)
+        curve.kv_alpha, curve.kv_beta = kv_attention_terms(cache.get("kv_attention", []), head_dim, alpha)
         curves[kind] = curve
     residuals: dict[tuple[str, int], list[float]] = {}
     for r in records:

@@ -122,25 +122,26 @@ def scope_table(cache: dict[str, Any], runs: list[tuple[str, str]], ratios: list
 
 
 def kv_probe_table(cache: dict[str, Any], kv_ms: Any) -> str:
-    """The blocks timed with scope keys_values (realsize measure-kv --blocks) against the keys/values
-    block model: the block's curve with its attention over the kept keys in padded heads, plus the
-    K / V merge (realsize.KvTimes)."""
-    rows = ["| family | kind | image tokens N | keys after merging | unmerged ms | keys_values ms (ratio 0.5) | predicted ms | error |",
-            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    """The blocks timed with a scope in one session (realsize measure-kv --blocks) against the model's
+    merged block at their size (model.merged_block_ms: keys/values, the block's curve with its
+    attention over the kept keys in padded heads plus the K / V merge, realsize.KvTimes; block, the
+    curve at D plus the merge correction): a block's speed-up, unmerged over merged, measured (the
+    first merged block with its plan taken out) and predicted."""
+    rows = ["| family | scope | kind | image tokens N | keys after merging | unmerged ms | merged ms (ratio 0.5) | measured | predicted | error |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in cache.get("kv_probes", []):
         name = r["family"]
         cost = model.fit_family(name, cache)
         grid = rs.Grid(*r["grid"][1:], r["grid"][0])
-        setting = model.Setting(r["ratio"], r["tile_size"], scope="keys_values",
+        scope = r.get("scope", "keys_values")
+        setting = model.Setting(r["ratio"], r["tile_size"], scope=scope,
                                 tile_frames=rs.pack_module("nodes.settings").NODE_TILE_FRAMES if rs.family(name).video else None)
-        seen = False
-        unmerged = {kind: ms for kind, _, ms in r["unmerged"]["blocks"]}
-        for kind, length, ms in r["merged"]["blocks"]:
-            n = r["tokens"]
-            measured = ms - (0.0 if seen else float(r["plan_ms"].get(str(n), 0.0)))
-            seen = True
-            predicted = model.merged_block_ms(cost, kind, grid, setting, kv_ms)
-            d = rs.kept_tokens(grid, setting.ratio, setting.tile_size, setting.tile_frames)
-            rows.append(f"| {name} | {kind} | {n:,} | {length - n + d:,} | {unmerged.get(kind, float('nan')):.0f} | {measured:.0f} | "
-                        f"{predicted:.0f} | {100 * (predicted / measured - 1):+.1f} % |")
+        n = r["tokens"]
+        d = rs.kept_tokens(grid, setting.ratio, setting.tile_size, setting.tile_frames)
+        for i, ((kind, length, plain), (_, _, ms)) in enumerate(zip(r["unmerged"]["blocks"], r["merged"]["blocks"])):
+            merged = ms - (float(r["plan_ms"].get(str(n), 0.0)) if i == 0 else 0.0)
+            predicted = cost.curves[kind].ms(length) / model.merged_block_ms(cost, kind, grid, setting, kv_ms)
+            measured = plain / merged
+            rows.append(f"| {name} | {scope} | {kind} | {n:,} | {length - n + d:,} | {plain:.0f} | {merged:.0f} | {measured:.2f}x | "
+                        f"{predicted:.2f}x | {100 * (predicted / measured - 1):+.1f} % |")
     return "\n".join(rows)

@@ -29,6 +29,8 @@ SDXL = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channe
 WAN_1_3B = {"image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "text_len": 512, "in_dim": 16,
             "dim": 1536, "ffn_dim": 8960, "freq_dim": 256, "text_dim": 4096, "out_dim": 16, "num_heads": 12,
             "num_layers": 30, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+WAN_14B = WAN_1_3B | {"dim": 5120, "ffn_dim": 13824, "num_heads": 40, "num_layers": 40}
+"""Wan 2.1 / 2.2 14B T2V (a Wan 2.2 14B expert has the same blocks)."""
 
 
 def meta_model(config_class: str, unet_config: dict[str, Any]) -> Any:
@@ -126,3 +128,20 @@ def test_far_from_break_even_runs_are_deterministic(comfy: Any, caplog: pytest.L
     assert torch.equal(first, second)
     assert not record.auto and record.calls_merged == 4 and not record.unmerged_calls
     assert without_gain(record) == without_gain(again)
+
+
+def test_auto_merges_keys_and_values_where_attention_dominates(comfy: Any) -> None:
+    """Scope keys_values on the full-size models: the profile prices the setting's scope with the
+    model's own head width (128), so min_tokens auto merges the long calls of Wan 14B (1280 x 720 x
+    81: 21 x 45 x 80 tokens), where attention is most of a block, and refuses a 512 px Flux.1-dev
+    call, where merging its 1,024 image keys is predicted below AUTO_MIN_SPEEDUP."""
+    runtime, settings = pack_module("nodes.run.runtime"), pack_module("nodes.settings")
+    wan = auto_profile(comfy, "WAN21_T2V", WAN_14B, tile_size=settings.NODE_TILE_SIZE, ratio=0.75, scope="keys_values")
+    flux = auto_profile(comfy, "Flux", FLUX_DEV, scope="keys_values", ratio=0.75)
+    assert {b.scope for b in wan.blocks if b.merged} == {"keys_values"} and {b.head for b in wan.blocks} == {128}
+    for device in ("cpu", "cuda"):
+        assert wan.auto_veto(runtime.CallGeometry(45, 80, 512, frames=21), device, 2) is None
+        reason = flux.auto_veto(runtime.CallGeometry(32, 32, 512), device, 1)
+        assert reason is not None and "1024 image tokens at width 3072" in reason
+    block = auto_profile(comfy, "Flux", FLUX_DEV, ratio=0.75)
+    assert block.speedup(1024, 512) > flux.speedup(1024, 512)

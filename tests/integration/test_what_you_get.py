@@ -1,0 +1,25 @@
+"""The README's "What you get" table is what its generator prints from the committed cost-model cache and
+fixture record (bench/speed/what_you_get.py): a changed probe, setting or row without `--write` fails."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.speed import defaults_search, realsize
+from bench.speed import what_you_get as wyg
+
+
+def test_the_readme_table_is_the_generated_one(comfy: Path) -> None:
+    if not hasattr(importlib.import_module("comfy.supported_models"), "Flux2"):
+        pytest.skip("the table prices ComfyUI 0.33's models (Flux.2, Kandinsky 5, ...), which this ComfyUI lacks")
+    cache = realsize.load_cache(realsize.CACHE)
+    plans, kvs = realsize.PlanTimes(cache, "cpu"), realsize.KvTimes(cache, "cpu")
+    quality = defaults_search.merge_quality([json.loads(defaults_search.QUALITY.read_text())])
+    generated = wyg.section(cache, quality, plans, kvs)
+    assert plans.timed == kvs.timed == 0, "the cache lacks a plan or K / V merge: run `python -m bench.speed.what_you_get --write`"
+    text = wyg.README.read_text(encoding="utf-8")
+    assert text[text.index(wyg.START):text.index(wyg.END) + len(wyg.END)] == generated
