@@ -174,10 +174,11 @@ class TileGrid:
     def fold(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros): one index_select."""
         index = self.raster_index(x.device).flatten()
-        if self.padded:  # padded positions read an appended zero token
-            x = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[-1])], dim=1)
-            index = torch.where(index < 0, self.num_tokens, index)
-        return x.index_select(1, index).view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
+        tiles = x.index_select(1, index.clamp_min(0))
+        if self.padded:  # zero the padded positions in place: they hold the smallest raster indices, -1
+            padded = index.topk(self.num_tiles * self.tile_tokens - self.num_tokens, largest=False).indices
+            tiles.index_fill_(1, padded, 0.0)
+        return tiles.view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
 
     def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
         """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped): one index_select,
