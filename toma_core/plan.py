@@ -171,7 +171,7 @@ class TiledMergePlan(MergePlan):
             y = take_rows(y, self.maps[1])
         tiles = y.view(y.shape[0], self.grid.num_tiles, self.dst.shape[-1], y.shape[-1])
         change = (self._matrix("unmerge", y) @ tiles).flatten(1, 2)
-        return torch.index_select(change, 1, self._unfold_index.to(y.device), out=out)
+        return select_rows(change, self._unfold_index.to(y.device), out)
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         if self.unmerge_mode == "output":
@@ -211,8 +211,19 @@ def take_rows(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = N
     gather, no scatter; an index_select when every sample takes the same rows)."""
     index = index.to(x.device)
     if index.shape[0] == 1:
-        return torch.index_select(x, 1, index[0], out=out)
-    return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]), out=out)
+        return select_rows(x, index[0], out)
+    rows = index.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    if out is None or out.is_contiguous():
+        return torch.gather(x, 1, rows, out=out)
+    return out.copy_(x.gather(1, rows))
+
+
+def select_rows(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, L, C), index (M,) -> (B, M, C), into `out` if given. torch.compile takes only a
+    contiguous out= tensor: a strided one (a slice of a batch above 1) gets a copy instead."""
+    if out is None or out.is_contiguous():
+        return torch.index_select(x, 1, index, out=out)
+    return out.copy_(x.index_select(1, index))
 
 
 def adaptive_slots(gains: torch.Tensor, num_kept: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
