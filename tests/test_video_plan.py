@@ -131,3 +131,20 @@ def test_unmerge_mode_reaches_every_merged_segment():
     # "output" replaces each token by its destinations' output: no token keeps its own detail
     assert torch.allclose(output.unmerge_residual(x, merged, merged), output.unmerge(merged))
     assert not torch.allclose(delta.unmerge_residual(x, merged, merged), output.unmerge(merged))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_video_plan_traces_as_one_graph(batch):
+    """Plan, merge and unmerge trace under torch.compile without a graph break (the parts write into
+    one tensor, with out= only where their slice is contiguous: a batch above 1 copies) and match eager."""
+    segments = [Segment(1), Segment(4, tile_frames=2), Segment(2, merge=False)]
+
+    def run(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = make_video_plan(x, segments, H, W, 0.5, 4)
+        merged = plan.merge(x)
+        return merged, plan.unmerge_residual(x, merged, 2 * merged)
+
+    torch._dynamo.reset()
+    x = features(batch, 7)
+    for eager, compiled in zip(run(x), torch.compile(run, backend="eager", fullgraph=True)(x)):
+        assert torch.equal(eager, compiled)

@@ -52,6 +52,15 @@ class MergePlan:
         """
         return merged_out
 
+    def _merge_into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """merge(x) written into out (B, D, C): a SegmentPlan's parts fill one tensor, no concatenation."""
+        return out.copy_(self.merge(x))
+
+    def _unmerge_residual_into(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor,
+                               out: torch.Tensor) -> torch.Tensor:
+        """unmerge_residual written into out (B, N, C), all four of one dtype."""
+        return out.copy_(self.unmerge_residual(x, merged_in, merged_out))
+
     def cluster_sizes(self) -> torch.Tensor:
         """(B, D) fp32: how many tokens each merged token stands for (soft counts, sum N).
 
@@ -143,17 +152,26 @@ class TiledMergePlan(MergePlan):
         return self.cluster_sizes().log()
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return self._merge_into(x, None)
+
+    def _merge_into(self, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         # Padded positions read a real token of their tile; the merge matrix gives them weight 0.
         tiles = x.index_select(1, self._fold_index.to(x.device))
         tiles = tiles.view(x.shape[0], self.grid.num_tiles, self.grid.tile_tokens, x.shape[-1])
-        merged = self._matrix("merge", x) @ tiles
-        return self._keep(merged.flatten(1, 2))
+        merged = (self._matrix("merge", x) @ tiles).flatten(1, 2)
+        if self.maps is None:
+            return merged if out is None else out.copy_(merged)
+        return take_rows(merged, self.maps[0], out)
 
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
+        return self._unmerge_into(y, None)
+
+    def _unmerge_into(self, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         if self.maps is not None:
             y = take_rows(y, self.maps[1])
         tiles = y.view(y.shape[0], self.grid.num_tiles, self.dst.shape[-1], y.shape[-1])
-        return self.grid.unfold(self._matrix("unmerge", y) @ tiles, self._unfold_index)
+        change = (self._matrix("unmerge", y) @ tiles).flatten(1, 2)
+        return select_rows(change, self._unfold_index.to(y.device), out)
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
         if self.unmerge_mode == "output":
@@ -162,6 +180,12 @@ class TiledMergePlan(MergePlan):
         if change.shape == x.shape and change.dtype == x.dtype:
             return change.add_(x)  # x + change, into the fresh tensor: no third (B, N, C) buffer
         return x + change
+
+    def _unmerge_residual_into(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor,
+                               out: torch.Tensor) -> torch.Tensor:
+        if self.unmerge_mode == "output":
+            return self._unmerge_into(merged_out, out)
+        return self._unmerge_into(merged_out - merged_in, out).add_(x)
 
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
         return take_destinations(rows, self._index, dim)
@@ -182,13 +206,24 @@ def take_destinations(rows: torch.Tensor, index: torch.Tensor, dim: int) -> torc
     return taken.movedim(1, dim)
 
 
-def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, L, C), index (B or 1, M) -> (B, M, C): rows of each sample (a gather, no scatter;
-    an index_select when every sample takes the same rows)."""
+def take_rows(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, L, C), index (B or 1, M) -> (B, M, C), into `out` if given: rows of each sample (a
+    gather, no scatter; an index_select when every sample takes the same rows)."""
     index = index.to(x.device)
     if index.shape[0] == 1:
-        return x.index_select(1, index[0])
-    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return select_rows(x, index[0], out)
+    rows = index.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    if out is None or out.is_contiguous():
+        return torch.gather(x, 1, rows, out=out)
+    return out.copy_(x.gather(1, rows))
+
+
+def select_rows(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, L, C), index (M,) -> (B, M, C), into `out` if given. torch.compile takes only a
+    contiguous out= tensor: a strided one (a slice of a batch above 1) gets a copy instead."""
+    if out is None or out.is_contiguous():
+        return torch.index_select(x, 1, index, out=out)
+    return out.copy_(x.index_select(1, index))
 
 
 def adaptive_slots(gains: torch.Tensor, num_kept: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

@@ -45,11 +45,20 @@ class TileGrid:
     frames: int = 1
     tile_frames: int = 1
     tt: int = field(init=False)
+    _real: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _keep: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "th", min(self.tile_size, self.height))
         object.__setattr__(self, "tw", min(self.tile_size, self.width))
         object.__setattr__(self, "tt", min(self.tile_frames, self.frames))
+        # Per-tile counts once: a plan reads them a dozen times, and a video grid has 1000s of tiles.
+        spans = [min(self.tt, self.frames - i * self.tt) for i in range(self.gt)]
+        rows = [min(self.th, self.height - i * self.th) for i in range(self.gh)]
+        cols = [min(self.tw, self.width - j * self.tw) for j in range(self.gw)]
+        real = tuple(f * r * c for f in spans for r in rows for c in cols)
+        object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "_keep", tuple(kept_per_tile(r, self.ratio) for r in real))
 
     @property
     def gt(self) -> int:
@@ -83,28 +92,25 @@ class TileGrid:
     @property
     def real_counts(self) -> list[int]:
         """Real (unpadded) tokens of each tile, in tile order."""
-        spans = [min(self.tt, self.frames - i * self.tt) for i in range(self.gt)]
-        rows = [min(self.th, self.height - i * self.th) for i in range(self.gh)]
-        cols = [min(self.tw, self.width - j * self.tw) for j in range(self.gw)]
-        return [f * r * c for f in spans for r in rows for c in cols]
+        return list(self._real)
 
     @property
     def max_real(self) -> int:
         """The most real tokens in any tile (n unless the grid is smaller than one tile)."""
-        return max(self.real_counts)
+        return max(self._real)
 
     @property
     def keep_counts(self) -> list[int]:
         """Destinations kept by each tile, proportional to its real tokens."""
-        return [kept_per_tile(r, self.ratio) for r in self.real_counts]
+        return list(self._keep)
 
     @property
     def k(self) -> int:
-        return max(self.keep_counts)
+        return max(self._keep)
 
     @property
     def num_kept(self) -> int:
-        return sum(self.keep_counts)
+        return sum(self._keep)
 
     @property
     def keeps_all(self) -> bool:
@@ -113,8 +119,7 @@ class TileGrid:
     @property
     def uniform(self) -> bool:
         """True when every tile keeps k destinations (no unused slots)."""
-        counts = self.keep_counts
-        return all(c == counts[0] for c in counts)
+        return all(c == self._keep[0] for c in self._keep)
 
     def raster_index(self, device: torch.device | None = None) -> torch.Tensor:
         """(G, n) t-major raster index of every tile position; padded positions hold -1."""
@@ -150,37 +155,36 @@ class TileGrid:
 
     def slot_valid(self, device: torch.device | None = None) -> torch.Tensor:
         """(G, k) bool, True for the destination slots a tile really uses."""
-        counts = torch.tensor(self.keep_counts, device=device).view(-1, 1)
+        counts = torch.tensor(self._keep, device=device).view(-1, 1)
         return torch.arange(self.k, device=device).view(1, -1) < counts
 
     def slot_maps(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Static index maps of the used slots, or None when every slot is used.
 
         kept (D,): the flat (G*k) slot of each kept token. source (G*k,): the kept token each
-        slot reads on unmerge (unused slots read token 0, with weight 0).
+        slot reads on unmerge (unused slots read token 0, with weight 0). Tensor ops, not a
+        Python loop over the G*k slots (tens of thousands on a video grid).
         """
         if self.uniform:
             return None
-        counts = self.keep_counts  # a property: computed once here, not per tile (video grids have 1000s)
-        k, kept, source = max(counts), [], []
-        for g, count in enumerate(counts):
-            for j in range(k):
-                source.append(len(kept) if j < count else 0)
-                if j < count:
-                    kept.append(g * k + j)
-        return torch.tensor(kept, device=device), torch.tensor(source, device=device)
+        counts = torch.tensor(self._keep, device=device)
+        first = counts.cumsum(0) - counts  # each tile's first kept token
+        slots = torch.arange(self.k, device=device)
+        source = torch.where(slots < counts.unsqueeze(-1), first.unsqueeze(-1) + slots, 0).flatten()
+        tile = torch.arange(self.num_tiles, device=device).repeat_interleave(counts, output_size=self.num_kept)
+        kept = tile * self.k + torch.arange(self.num_kept, device=device) - first[tile]
+        return kept, source
 
     def fold(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) t-major raster tokens -> (B, G, n, C) tiles (padding is zeros): one index_select."""
         index = self.raster_index(x.device).flatten()
-        if self.padded:  # padded positions read an appended zero token
-            x = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[-1])], dim=1)
-            index = torch.where(index < 0, self.num_tokens, index)
-        return x.index_select(1, index).view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
+        tiles = x.index_select(1, index.clamp_min(0))
+        if self.padded:  # zero the padded positions in place: they hold the smallest raster indices, -1
+            padded = index.topk(self.num_tiles * self.tile_tokens - self.num_tokens, largest=False).indices
+            tiles.index_fill_(1, padded, 0.0)
+        return tiles.view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
 
-    def unfold(self, tiles: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+    def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
         """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped): one index_select,
-        not a permute, a crop and a copy. index: unfold_index(), when the caller keeps it (a plan
-        unmerges in every merged block)."""
-        index = self.unfold_index(tiles.device) if index is None else index.to(tiles.device)
-        return tiles.flatten(1, 2).index_select(1, index)
+        not a permute, a crop and a copy."""
+        return tiles.flatten(1, 2).index_select(1, self.unfold_index(tiles.device))

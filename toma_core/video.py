@@ -87,17 +87,25 @@ class SegmentPlan(MergePlan):
         return self._index
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
-        return _cat_batch([p.merge(x[:, a:a + n]) for p, (a, n) in zip(self.parts, self._spans)], 1)
+        # The parts write into one tensor: no concatenation of their pieces.
+        out = x.new_empty(self.batch, self.num_kept, x.shape[-1])
+        for p, (a, n), (c, d) in zip(self.parts, self._spans, self._kept_spans):
+            p._merge_into(x[:, a:a + n], out[:, c:c + d])
+        return out
 
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
         return _cat_batch([p.unmerge(y[:, a:a + n]) for p, (a, n) in zip(self.parts, self._kept_spans)], 1)
 
     def unmerge_residual(self, x: torch.Tensor, merged_in: torch.Tensor, merged_out: torch.Tensor) -> torch.Tensor:
-        pieces = [
-            p.unmerge_residual(x[:, a:a + n], merged_in[:, c:c + d], merged_out[:, c:c + d])
-            for p, (a, n), (c, d) in zip(self.parts, self._spans, self._kept_spans)
-        ]
-        return _cat_batch(pieces, 1)
+        spans = list(zip(self.parts, self._spans, self._kept_spans))
+        if not x.dtype == merged_in.dtype == merged_out.dtype:
+            return _cat_batch([
+                p.unmerge_residual(x[:, a:a + n], merged_in[:, c:c + d], merged_out[:, c:c + d]) for p, (a, n), (c, d) in spans
+            ], 1)
+        out = x.new_empty(self.batch, self.num_tokens, x.shape[-1])  # the parts write into it, no concatenation
+        for p, (a, n), (c, d) in spans:
+            p._unmerge_residual_into(x[:, a:a + n], merged_in[:, c:c + d], merged_out[:, c:c + d], out[:, a:a + n])
+        return out
 
     def cluster_sizes(self) -> torch.Tensor:
         return _cat_batch([p.cluster_sizes() for p in self.parts], 1)
