@@ -68,7 +68,7 @@ def expected() -> dict[str, Any]:
             "temperature": ("FLOAT", defaults.temperature, *settings.TEMPERATURE_RANGE),
             "budget": ("COMBO", defaults.budget, tuple(core.BUDGETS), None),
             "proportional_attention": ("BOOLEAN", defaults.proportional_attention, None, None),
-            "scope": ("COMBO", defaults.scope, tuple(settings.SCOPES), None),
+            "scope": ("COMBO", settings.NODE_SCOPE, tuple(settings.SCOPES), None),
             "verbose": ("BOOLEAN", defaults.verbose, None, None),
         },
         "last": {"merge_every": ("INT", schedule.merge_every, 1, None)},  # appended: saved workflows keep their values
