@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 from harness import metrics
 from toma_core import SIMILARITIES, make_plan
@@ -262,6 +261,8 @@ def run(args: argparse.Namespace) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         # 256 median-cut colours: a third of the RGB file, no visible change; the README's picture ships in
         # the Registry archive (tests/test_packaging.py test_archive_is_small).
+        from PIL import Image
+
         draw_panels(rec, args.tile_size, title).quantize(256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
     except OSError as err:
         raise DemoError(f"cannot write {out}: {err}")

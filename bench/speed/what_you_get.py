@@ -11,7 +11,8 @@ written by hand. Speed-ups: bench/speed/realsize_model.py `predict` (CPU ratios,
 run as its ComfyUI template sets it up (bench/speed/realsize_setup.py FAMILIES); the block-merge
 columns at ratio 0.5, the keys/values columns at ratio 0.75, both at the node's tile 8 except Flux.1-dev
 and SDXL's start 0.25 and every-step columns at tile 4, the settings the defaults search sampled on
-the fixtures (bench/speed/defaults_search.py); video families' plans as the node builds them (frame 0
+the fixtures (bench/speed/defaults_search.py); the defaults column at the scope the node's `scope` auto
+runs on each model (keys/values on HunyuanVideo, Wan and Kandinsky 5, block elsewhere); video families' plans as the node builds them (frame 0
 alone, tiles of the node's tile frames). Fixture quality: its record, mean over the seeds.
 A plan or K / V merge the cache lacks is timed on this machine and added to the cache.
 """
@@ -22,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from . import realsize_setup as rs
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- what-you-get: start -->", "<!-- what-you-get: generated above -->"
 
-COLUMNS = ("block 0.5, start 0.4 (defaults)", "block 0.5, start 0.25", "block 0.5, every step",
+COLUMNS = ("defaults: 0.5, start 0.4, scope auto", "block 0.5, start 0.25", "block 0.5, every step",
            "keys_values 0.75, start 0.4", "keys_values 0.75, every step")
 
 
@@ -79,11 +81,19 @@ def rows() -> list[Row]:
     ]
 
 
+def auto_scope(name: str) -> str:
+    """The scope the node's `scope` auto runs on real family `name` (nodes/families/registry.py Family.scope)."""
+    registry = rs.pack_module("nodes.families.registry")
+    return registry.family_of(rs.meta_patcher(name).model.diffusion_model).scope
+
+
 def speed_cells(row: Row, cache: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> list[str]:
+    """Each column's predicted speed-ups of the row's runs; the first (defaults) column at each run's auto scope."""
     cells = []
     for i, setting in enumerate(row.settings):
-        preds = [model.predict(model.fit_family(name, cache), resolution, setting, rs.family(name).frames, plan_ms=plans, kv_ms=kvs)
-                 for name, resolution in row.runs]
+        runs = [(name, resolution, dataclasses.replace(setting, scope=auto_scope(name)) if i == 0 else setting) for name, resolution in row.runs]
+        preds = [model.predict(model.fit_family(name, cache), resolution, run, rs.family(name).frames, plan_ms=plans, kv_ms=kvs)
+                 for name, resolution, run in runs]
         cell = " / ".join(f"{p.speedup:.2f}x" for p in preds)
         first = preds[0]
         if row.steps and i == 0 and first.merged_evaluations < first.evaluations:
@@ -109,7 +119,8 @@ def section(cache: dict, quality: dict, plans: realsize.PlanTimes, kvs: realsize
         START, "## What you get", "",
         ("Predicted end-to-end speed-up of a sampling run (model calls only) from real-width block timings on this project's CPU, runs as "
         "ComfyUI's templates set them up, merging whole blocks (`scope` block) or only attention's keys and values (`scope` keys_values, "
-        "every query kept); how, and the defaults search: [docs/realsize.md](docs/realsize.md) ([docs/defaults.md](docs/defaults.md))."), "",
+        "every query kept); the defaults at the scope `scope` auto runs (keys_values on HunyuanVideo, Wan and Kandinsky 5, block elsewhere); "
+        "how, and the defaults search: [docs/realsize.md](docs/realsize.md) ([docs/defaults.md](docs/defaults.md))."), "",
         "| model (run) | size | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS),
     ]
     lines += [f"| {r.label} | {r.size} | " + " | ".join(speed_cells(r, cache, plans, kvs)) + " |" for r in rows()]
