@@ -390,8 +390,9 @@ def test_auto_prices_the_keys_values_scope_by_its_attention_alone():
     keys_values = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True, scope="keys_values"),), 3072, 0.5)
     merged = {}
     for name, profile in (("block", block), ("keys_values", keys_values)):
-        state = state_of(cost_profile=profile, min_tokens="auto")
-        sample(state, FakeClock(), 1.0, 1.0)
+        clock, state = FakeClock(), state_of(cost_profile=profile, min_tokens="auto")
+        state.timer = gain_mod.CallTimer(clock)
+        sample(state, clock, 1.0, 1.0)
         merged[name] = state.stats.merged_calls
     assert merged == {"block": 4, "keys_values": 1}
 
