@@ -273,33 +273,48 @@ class Variant:
     chain: list[dict[str, Any]]
 
 
-@dataclass
-class RowResult:
-    """What one row measured (None where skipped)."""
+@dataclass(kw_only=True)
+class RowMetrics:
+    """What a row of either quality study measured: the fields an image fixture's row (RowResult)
+    and the video fixture's (video_quality.VideoRow) share; None where skipped. Keyword-only, so
+    each study adds its own fields (its JSON rows hold these keys and its own)."""
 
-    family: str
     label: str
     group: str
     params: dict[str, Any]
     speedup: float | None = None
     speedup_wall: float | None = None
     psnr_mean: float | None = None
-    psnr_min: float | None = None
     ssim_mean: float | None = None
-    seconds: float | None = None
-    psnr_per_seed: list[float] = field(default_factory=list)
-    deterministic: bool | None = None
     log: str = ""
-    same_time_steps: float | None = None
-    steps_psnr_at_speedup: float | None = None
-    beats_fewer_steps: bool | None = None
     skipped: str | None = None
-    regime: int | None = None
-    """The reference step count of the run the row belongs to (--steps)."""
     computed_steps: float | None = None
     """Model calls per run that ran the model's blocks (a step cache skips some), mean over seeds."""
     predicted: dict[str, float] = field(default_factory=dict)
     """Predicted real-size end-to-end speed-up per target (bench/quality/real_speed.py)."""
+
+    @classmethod
+    def skipped_row(cls, row: dict[str, Any], reason: str, **own: Any) -> RowMetrics:
+        """The row as built from ROWS' data only, with the reason it has no metrics; `own`: the
+        study's required fields (family, regime)."""
+        return cls(label=row["label"], group=row["group"], params={"chain": [list(c) for c in row["chain"]]},
+                   skipped=reason, **own)
+
+
+@dataclass(kw_only=True)
+class RowResult(RowMetrics):
+    """What one row of an image fixture measured (quality.json's rows)."""
+
+    family: str
+    psnr_min: float | None = None
+    seconds: float | None = None
+    psnr_per_seed: list[float] = field(default_factory=list)
+    deterministic: bool | None = None
+    same_time_steps: float | None = None
+    steps_psnr_at_speedup: float | None = None
+    beats_fewer_steps: bool | None = None
+    regime: int | None = None
+    """The reference step count of the run the row belongs to (--steps)."""
 
 
 class ComfyNode:
@@ -461,6 +476,18 @@ class LogTap(logging.Handler):
         message = record.getMessage()
         if self.PATTERN.match(message):
             self.lines.append(summary(message))
+
+    @classmethod
+    def install(cls) -> LogTap:
+        """A tap on the root logger, whose handlers (ComfyUI's stderr one) are raised to WARNING: the
+        run summaries go to the tap only."""
+        tap = cls()
+        root_logger = logging.getLogger()
+        for handler in root_logger.handlers:
+            handler.setLevel(max(handler.level, logging.WARNING))
+        root_logger.addHandler(tap)
+        root_logger.setLevel(logging.INFO)  # EasyCache logs its summary with logging.info on the root logger
+        return tap
 
 
 def summary(line: str) -> str:
@@ -636,27 +663,38 @@ def reference_jitter(seconds: list[float]) -> float:
     return round(statistics.median(changes), 4) if changes else 0.0
 
 
+def skip_reason(variant: Variant | str, m: Measured | None) -> str | None:
+    """Why a row has no metrics: it did not build (`variant` is the reason) or its sampling raised."""
+    return variant if isinstance(variant, str) else m.failed
+
+
+def sampled_fields(m: Measured, clock: str, is_ref: bool) -> dict[str, Any]:
+    """The RowMetrics fields both studies take from a row's samples alike: its speed-ups on `clock`
+    and on wall time (median over seeds and passes; 1 for the reference itself), its run summaries
+    and its calls that ran the blocks."""
+    return {"speedup": 1.0 if is_ref else round(statistics.median(m.ratios[clock]), 4),
+            "speedup_wall": 1.0 if is_ref else round(statistics.median(m.ratios["wall"]), 4),
+            "log": " / ".join(sorted(set(m.logs)))[:400], "computed_steps": statistics.fmean(m.calls)}
+
+
 def result_of(family: str, row: dict[str, Any], variant: Variant | str, measured: dict[str, Measured],
               seeds: int, clock: str) -> RowResult:
     """The row's metrics against the reference images of the same seeds. The reference row itself
     compares its first image of each seed with its last re-run (inf when sampling repeats bit for bit)."""
-    if isinstance(variant, str) or measured[row["label"]].failed is not None:
-        reason = variant if isinstance(variant, str) else measured[row["label"]].failed
-        return RowResult(family, row["label"], row["group"], {"chain": [list(c) for c in row["chain"]]}, skipped=reason)
-    m, ref = measured[row["label"]], measured[REFERENCE]
+    m, ref = measured.get(row["label"]), measured[REFERENCE]
+    reason = skip_reason(variant, m)
+    if reason is not None:
+        return RowResult.skipped_row(row, reason, family=family)
     is_ref = row["label"] == REFERENCE
     images = ref.last if is_ref else m.images
     psnrs, ssims = zip(*(image_metrics(ref.images[s], images[s]) for s in range(seeds)))
-    logs = sorted(set(m.logs))
     label = f"unpatched {variant.steps} steps" if "steps" in row else row["label"]
     return RowResult(
-        family, label, row["group"], {"steps": variant.steps, "chain": variant.chain},
-        speedup=1.0 if is_ref else round(statistics.median(m.ratios[clock]), 4),
-        speedup_wall=1.0 if is_ref else round(statistics.median(m.ratios["wall"]), 4),
+        family=family, label=label, group=row["group"], params={"steps": variant.steps, "chain": variant.chain},
         psnr_mean=round(float(np.mean(psnrs)), 3), psnr_min=round(float(np.min(psnrs)), 3),
         ssim_mean=round(float(np.mean(ssims)), 4), seconds=round(statistics.median(m.seconds[clock]), 4),
         psnr_per_seed=[round(p, 3) for p in psnrs], deterministic=m.repeats_identical,
-        log=" / ".join(logs)[:400], computed_steps=statistics.fmean(m.calls),
+        **sampled_fields(m, clock, is_ref),
     )
 
 
@@ -717,12 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing or not families:
         sys.exit(f"error: no fixture for {', '.join(missing) or 'any family'} in {trained.FIXTURE_DIR} "
                  f"(present: {', '.join(trained.available()) or 'none'})")
-    tap = LogTap()
-    root_logger = logging.getLogger()
-    for handler in root_logger.handlers:  # ComfyUI's stderr handler: the run summaries go to the tap only
-        handler.setLevel(max(handler.level, logging.WARNING))
-    root_logger.addHandler(tap)
-    root_logger.setLevel(logging.INFO)  # EasyCache logs its summary with logging.info on the root logger
+    tap = LogTap.install()
     header = cli.run_header(root, args)
     print(header + f"families {', '.join(families)}, {args.seeds} seeds, {args.repeats} passes", flush=True)
     results, metas, images = [], [], {}

@@ -92,21 +92,28 @@ def measure() -> dict[str, Any]:
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def record_main(argv: list[str] | None, doc: str, script: str, measure: Callable[[], dict[str, Any]],
+                path: Callable[[], Path]) -> int:
+    """A baseline recorder's command line (this one's, video_baseline.py's): ComfyUI imported as the
+    device options say, `measure()` on one thread, printed as JSON with the command that records it
+    (python -m bench.quality.<script> --write), stored at `path()` with --write."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     cli.add_device_args(p)
     cli.add_kernel_args(p)
-    p.add_argument("--write", action="store_true", help="store the figures in fixtures/quality_baseline.json")
+    p.add_argument("--write", action="store_true", help=f"store the figures in fixtures/{script}.json")
     args = p.parse_args(argv)
     cli.import_comfy(args)
     torch.set_num_threads(1)
-    record = measure()
-    record["command"] = "python -m bench.quality.quality_baseline --write"
+    record = measure() | {"command": f"python -m bench.quality.{script} --write"}
     print(json.dumps(record, indent=1))
     if args.write:
-        baseline_path().write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {baseline_path()}")
+        path().write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {path()}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return record_main(argv, __doc__, "quality_baseline", measure, baseline_path)
 
 
 if __name__ == "__main__":

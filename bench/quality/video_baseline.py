@@ -15,7 +15,6 @@ them and fails on a drop beyond its margin or on settings that no longer match t
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 from harness.metrics import clip_metrics
 
-from .. import cli
+from . import quality_baseline
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "example_workflows" / "Wan 2.2 14B - text to video with ToMA.json"
@@ -105,19 +104,7 @@ def measure(seeds: tuple[int, ...] = SEEDS, which: tuple[str, ...] | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_device_args(p)
-    cli.add_kernel_args(p)
-    p.add_argument("--write", action="store_true", help="store the figures in fixtures/video_baseline.json")
-    args = p.parse_args(argv)
-    cli.import_comfy(args)
-    torch.set_num_threads(1)
-    record = measure() | {"command": "python -m bench.quality.video_baseline --write"}
-    print(json.dumps(record, indent=1))
-    if args.write:
-        baseline_path().write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {baseline_path()}")
-    return 0
+    return quality_baseline.record_main(argv, __doc__, "video_baseline", measure, baseline_path)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
 import shlex
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,50 +149,37 @@ def load_fixture() -> quality.Family:
                           lambda z: tv.decode(z)[0].permute(1, 2, 3, 0).double().numpy())
 
 
-@dataclass
-class VideoRow:
-    """What one row measured (None where skipped)."""
+@dataclass(kw_only=True)
+class VideoRow(quality.RowMetrics):
+    """What one row of a regime measured (video_quality.json's rows)."""
 
     regime: str
-    label: str
-    group: str
-    params: dict[str, Any]
-    speedup: float | None = None
-    speedup_wall: float | None = None
-    psnr_mean: float | None = None
     psnr_worst_frame: float | None = None
-    ssim_mean: float | None = None
     ssim_worst_frame: float | None = None
     flicker_mean: float | None = None
     flicker_worst_pair: float | None = None
-    computed_steps: float | None = None
-    predicted: dict[str, float] = field(default_factory=dict)
-    log: str = ""
-    skipped: str | None = None
 
 
 def summarise(regime: str, row: dict, variant: quality.Variant | str, m: quality.Measured | None,
               ref: quality.Measured, clock: str) -> VideoRow:
     """One row's clip metrics against the reference clips of the same seeds (the reference row: its
     first clips against its last re-run)."""
-    if isinstance(variant, str) or m.failed is not None:
-        reason = variant if isinstance(variant, str) else m.failed
-        return VideoRow(regime, row["label"], row["group"], {"chain": [list(c) for c in row["chain"]]}, skipped=reason)
+    reason = quality.skip_reason(variant, m)
+    if reason is not None:
+        return VideoRow.skipped_row(row, reason, regime=regime)
     is_ref = row is REFERENCE
     clips = ref.last if is_ref else m.images
     ms = [metrics.clip_metrics(ref.images[s], c) for s, c in clips.items()]
     finite = lambda xs: [x for x in xs if np.isfinite(x)] or [float("inf")]
     psnrs = [p for m_ in ms for p in m_["psnr"]]
     return VideoRow(
-        regime, row["label"], row["group"], {"steps": variant.steps, "chain": variant.chain},
-        speedup=1.0 if is_ref else round(statistics.median(m.ratios[clock]), 4),
-        speedup_wall=1.0 if is_ref else round(statistics.median(m.ratios["wall"]), 4),
+        regime=regime, label=row["label"], group=row["group"], params={"steps": variant.steps, "chain": variant.chain},
         psnr_mean=round(statistics.fmean(finite(psnrs)), 3), psnr_worst_frame=round(min(psnrs), 3),
         ssim_mean=round(statistics.fmean(s for m_ in ms for s in m_["ssim"]), 4),
         ssim_worst_frame=round(min(s for m_ in ms for s in m_["ssim"]), 4),
         flicker_mean=round(statistics.fmean(m_["flicker"] for m_ in ms), 4),
         flicker_worst_pair=round(max(p for m_ in ms for p in m_["flicker_pairs"]), 4),
-        computed_steps=statistics.fmean(m.calls), log=" / ".join(sorted(set(m.logs)))[:400],
+        **quality.sampled_fields(m, clock, is_ref),
     )
 
 
@@ -240,12 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not tv.available():
         sys.exit(f"error: {tv.weights_path()} missing (train it: python -m bench.quality.train_video_fixture)")
-    tap = quality.LogTap()
-    root_logger = logging.getLogger()
-    for handler in root_logger.handlers:
-        handler.setLevel(max(handler.level, logging.WARNING))
-    root_logger.addHandler(tap)
-    root_logger.setLevel(logging.INFO)
+    tap = quality.LogTap.install()
     fam = load_fixture()
     header = cli.run_header(root, args) + f"Wan fixture {tv.latent_shape()}, {args.seeds} seeds"
     print(header, flush=True)

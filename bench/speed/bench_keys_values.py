@@ -59,15 +59,7 @@ class SlicedKeys:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--ffn", type=int, default=692)
-    p.add_argument("--depth", type=int, default=40)
-    p.add_argument("--frames", type=int, default=21, help="latent frames (81 video frames -> 21)")
-    p.add_argument("--height", type=int, default=16, help="tokens per frame column")
-    p.add_argument("--width", type=int, default=16, help="tokens per frame row")
-    p.add_argument("--text", type=int, default=512)
-    p.add_argument("--batch", type=int, default=1)
+    bench_wan.add_model_args(p, dim=256, heads=2, ffn=692, depth=40, height=16, width=16)
     p.add_argument("--tile-frames", type=int, default=None, help="frames per tile (default: the node's)")
     p.add_argument("--no-mass", action="store_true", help="key_mass off: no log-mass channel (what the channel costs)")
     model_speed.add_args(p, ratios=(0.5, 0.75), repeats=5, warmup=1, clock="auto")

@@ -382,7 +382,7 @@ def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds:
             if not plans:
                 levels = sorted({n for _, n, _ in rec["merged"]["blocks"]}) if fam.unet else [grid.tokens]
                 for n in levels:
-                    level = _level_grid(grid, n) if fam.unet else grid
+                    level = grid.level_of(n) if fam.unet else grid
                     plans[n] = plan_ms(level, _plan_width(name, rec, n), ratio, tile_size, clock, device, tile_frames=tile_frames)
             rec["plan_ms"] = {str(n): ms for n, ms in plans.items()}
             records.append(rec)
@@ -392,13 +392,6 @@ def probe(name: str, grids: list[rs.Grid], ratio: float, tile_size: int, rounds:
     del plain, merged, base
     gc.collect()
     return records
-
-
-def _level_grid(grid: rs.Grid, tokens: int) -> rs.Grid:
-    d = 1
-    while grid.level(d).tokens > tokens and d < 64:
-        d *= 2
-    return grid.level(d)
 
 
 def _plan_width(name: str, rec: dict[str, Any], tokens: int) -> int:

@@ -268,7 +268,7 @@ def _merge_residuals(name: str, record: dict[str, Any], curves: dict[str, KindCu
             continue
         n = length if fam.unet else record["tokens"]
         text = length - n
-        level = _grid_of(grid, n) if fam.unet else grid
+        level = grid.level_of(n) if fam.unet else grid
         d = rs.kept_tokens(level, record["ratio"], record["tile_size"])
         plan = 0.0
         if n not in seen:
@@ -276,13 +276,6 @@ def _merge_residuals(name: str, record: dict[str, Any], curves: dict[str, KindCu
             seen.add(n)
         out.append((kind, n, ms - plan - curves[kind].ms(d + text)))
     return out
-
-
-def _grid_of(grid: rs.Grid, tokens: int) -> rs.Grid:
-    d = 1
-    while grid.level(d).tokens > tokens and d < 64:
-        d *= 2
-    return grid.level(d)
 
 
 def _noise(records: list[dict[str, Any]]) -> float:

@@ -347,6 +347,14 @@ class Grid:
             h, w, d = math.ceil(h / 2), math.ceil(w / 2), d * 2
         return Grid(h, w, self.frames)
 
+    def level_of(self, tokens: int) -> Grid:
+        """The UNet level (downsample 1, 2, 4, ... at most 64) a call of `tokens` image tokens runs
+        on: the first whose grid holds no more than that."""
+        d = 1
+        while self.level(d).tokens > tokens and d < 64:
+            d *= 2
+        return self.level(d)
+
 
 def grid_for(name: str, width: int, height: int, frames: int = 1) -> Grid:
     """The model's token grid for a width x height image (x frames): latent / 8, then the 2 x 2
