@@ -6,8 +6,11 @@ with commas, colons and semicolons."""
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
+import torch
 
 from harness.pack import pack_module
 
@@ -17,6 +20,7 @@ settings_mod = pack_module("nodes.settings")
 gain_mod = pack_module("nodes.run.gain")
 wrappers = pack_module("nodes.run.wrappers")
 contract = pack_module("nodes.contract")
+keys_values = pack_module("nodes.machinery.keys_values")
 core = pack_module("toma_core")
 
 
@@ -132,8 +136,42 @@ def test_what_auto_measured_reads_back(status, gain, auto):
     assert (record.gain is None) == (gain is None) and record.status == status
 
 
+class Model(torch.nn.Module):
+    """A diffusion model with a forward loop of its class (comfy.ldm.flux.model.Flux.forward_orig)."""
+
+    def forward_orig(self, x):
+        return x
+
+
+def cache_loop(self, x):
+    """Another node's loop, set on the instance for a call as TeaCache and MagCache do."""
+    return x
+
+
+def executor_of(model: torch.nn.Module) -> SimpleNamespace:
+    """An APPLY_MODEL executor's class_obj: the BaseModel holding the diffusion model."""
+    return SimpleNamespace(class_obj=SimpleNamespace(diffusion_model=model))
+
+
+def test_a_replaced_forward_loop_is_named_in_the_call_reason():
+    model = Model()
+    assert wrappers.naming_loop(wrappers.IDLE_CALL, executor_of(model)) == wrappers.IDLE_CALL
+    with mock.patch.multiple(model, forward_orig=cache_loop.__get__(model, Model)):
+        reason = wrappers.naming_loop(wrappers.NO_BLOCK_MERGED, executor_of(model))
+    assert reason.startswith(wrappers.NO_BLOCK_MERGED[:-1]) and reason.endswith(f"forward_orig is cache_loop from {__name__})")
+    assert wrappers.naming_loop(wrappers.IDLE_CALL, executor_of(model)) == wrappers.IDLE_CALL  # restored after the call
+    assert wrappers.naming_loop(wrappers.IDLE_CALL, SimpleNamespace()) == wrappers.IDLE_CALL  # no model to read
+
+
+LOOP_MODEL = Model()
+LOOP_MODEL.forward_orig = cache_loop.__get__(LOOP_MODEL, Model)
+
 CODE_REASONS = [
     wrappers.IDLE_CALL,
+    wrappers.naming_loop(wrappers.IDLE_CALL, executor_of(LOOP_MODEL)),
+    wrappers.naming_loop(wrappers.NO_BLOCK_MERGED, executor_of(LOOP_MODEL)),
+    keys_values.NOT_HANDED.reason,
+    keys_values.NOT_REACHED.reason,
     gain_mod.AUTO_TIMING,
     gain_mod.auto_stop_reason(2 / 3),
     gain_mod.auto_stop_reason(1.1),

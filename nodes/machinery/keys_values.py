@@ -17,8 +17,10 @@ self-attention is named by `Keys.then`):
 
 A merging call of another shape (the block's layout changed under ComfyUI) raises SpansCut before
 its keys merge: the block runs again unmerged, with the layout reason. A block whose attention
-never reaches the override (another node replaced it outside ComfyUI's attention functions) has
-run exactly as unpatched; it is counted unmerged with NOT_REACHED rather than run twice.
+never reaches the override has run exactly as unpatched; it is counted unmerged rather than run twice:
+NOT_REACHED (another node replaced it outside ComfyUI's attention functions) or, when the block got
+none of the model call's transformer_options, NOT_HANDED (a forward loop such as TeaCache's runs the
+block without them, so no override can reach it).
 Another override already in the options (a node choosing the attention kernel, another pack's
 attention patch) stays in charge of the kernel: it receives the merged keys and values.
 
@@ -31,6 +33,7 @@ tests/integration/test_keys_values_rope.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -47,7 +50,11 @@ from ...toma_core.keys_values import (
     with_mass_channel,
 )
 from ..contract import NOTHING_TO_MERGE, Unmerged, layout_changed
+from ..run.runtime import compiling
+from ..settings import CALL_KEY
 from .spans import SpansCut
+
+log = logging.getLogger(__name__)
 
 OVERRIDE = "optimized_attention_override"
 """The transformer_options key comfy.ldm.modules.attention.wrap_attn hands every attention call to."""
@@ -60,6 +67,15 @@ R = TypeVar("R")
 
 NOT_REACHED = Unmerged("attention not reached: another node replaced it outside ComfyUI's attention functions")
 """A keys/values run whose block never called an attention function through its transformer_options."""
+
+NOT_HANDED = Unmerged(
+    "attention not reached: the loop running this block passes it none of the model call's transformer_options, "
+    "which carry ToMA's attention patch"
+)
+"""A keys/values run that was not reached, of a block whose hook received no transformer_options of the model
+call (no CALL_KEY in them): the loop calling the block is not ComfyUI's own, or one of its loops that keep the
+options from the blocks; its block wrapper drops the options ToMA hands it (TeaCache's and MagCache's Flux
+and Wan loops: `block_wrap` calls the block without them)."""
 
 
 @dataclass(frozen=True)
@@ -144,9 +160,10 @@ def keys_values_options(options: dict | None, plan: MergePlan, keys: Keys, mass:
 def run_with_merged_keys(call: Callable[[dict], R], options: dict | None, plan: MergePlan, keys: Keys, mass: bool) -> R | Unmerged:
     """call(options') with options' = `options` carrying the keys/values override: the block's result,
     the layout reason when its first attention call is not the expected self-attention (the block
-    then runs again unmerged), or NOT_REACHED with the result when no attention call reached the
-    override (the block ran exactly as unpatched: counted, not run twice). A plan that keeps every
-    token merges nothing: NOTHING_TO_MERGE (the block runs as it is)."""
+    then runs again unmerged), or NOT_REACHED (NOT_HANDED when `options` are not the model call's)
+    with the result when no attention call reached the override (the block ran exactly as unpatched:
+    counted, not run twice). A plan that keeps every token merges nothing: NOTHING_TO_MERGE (the
+    block runs as it is)."""
     if plan.num_kept == plan.num_tokens:
         return NOTHING_TO_MERGE
     patched, override = keys_values_options(options, plan, keys, mass)
@@ -154,4 +171,25 @@ def run_with_merged_keys(call: Callable[[dict], R], options: dict | None, plan: 
         out = call(patched)
     except SpansCut as cut:
         return cut.unmerged
-    return out if override.calls else replace(NOT_REACHED, result=out)
+    if override.calls:
+        return out
+    if isinstance(options, dict) and CALL_KEY in options:
+        return replace(NOT_REACHED, result=out)
+    _warn_not_handed()
+    return replace(NOT_HANDED, result=out)
+
+
+_WARNED: list[bool] = []
+"""Whether NOT_HANDED was warned about in this process (once: the run line counts every block run)."""
+
+
+def _warn_not_handed() -> None:
+    if _WARNED or compiling():
+        return
+    _WARNED.append(True)
+    log.warning(
+        "ToMA scope keys_values: the loop running the model's blocks does not pass them the model call's "
+        "transformer_options (ComfyUI's loops do; another node's replacement loop may not), so ToMA cannot reach "
+        "their attention: those blocks run unmerged, counted on the run line. scope block merges under such a "
+        "loop (ToMA Patch (Advanced))."
+    )

@@ -105,11 +105,12 @@ def apply_model_wrapper(executor, *args, **kwargs):
         state.keep_plans(ctx)
     # The call's own block counts, not the run's counters: other devices' calls move those meanwhile.
     if ctx.merge and not state.stats.compiled and ctx.block_runs == 0 and orphan_count() == orphans:
-        _count_unmerged_call(state, ctx, IDLE_CALL)  # a step cache's skip: its time is no model call's, so it is not timed
+        # a step cache's skip: its time is no model call's, so it is not timed
+        _count_unmerged_call(state, ctx, naming_loop(IDLE_CALL, executor))
         return out
     merged = ctx.merge
     if merged and not state.stats.compiled and ctx.merged_blocks == 0:
-        _count_unmerged_call(state, ctx, NO_BLOCK_MERGED)
+        _count_unmerged_call(state, ctx, naming_loop(NO_BLOCK_MERGED, executor))
         merged = False
     state.timer.stop(start, call_key(ctx.batch, ctx.geometry), merged)
     return out
@@ -134,13 +135,43 @@ def transformer_options_of(args: list, kwargs: dict) -> tuple[dict | None, Calla
 
 IDLE_CALL = "with no block run (skipped by a step cache, or bypassed)"
 """Unmerged-call reason: a merge-eligible call in which none of ToMA's block hooks ran (EasyCache
-returned its cached result, or the forward loop ignores ToMA's hooks)."""
+returned its cached result, TeaCache skipped the step, or the forward loop ignores ToMA's hooks; a
+replaced forward loop is named: `naming_loop`). Not timed: no gain is claimed for it."""
 
 
 NO_BLOCK_MERGED = "with no block merged (each block ran unmerged: see the block reasons)"
 """Unmerged-call reason: a merge-eligible call whose block hooks all ran their block unmerged (e.g.
-a step-cache pack called the blocks without transformer_options); timed as an unmerged call, so
-the run's gain is not claimed for it."""
+scope keys_values under a forward loop that runs the blocks without the call's transformer_options:
+machinery/keys_values.py NOT_HANDED; a replaced forward loop is named: `naming_loop`); timed as an
+unmerged call, so the run's gain is not claimed for it."""
+
+
+LOOPS = ("forward_orig", "_forward", "forward")
+"""The diffusion models' forward-loop methods (comfy.ldm.flux.model.Flux.forward_orig, WanModel.forward_orig,
+Lumina2's forward, ...) that another node may replace on the model instance for the time of a call, as
+TeaCache and MagCache do (`unittest.mock.patch.multiple(diffusion_model, forward_orig=...)` inside
+their model_function_wrapper, which runs around BaseModel.apply_model and so around this wrapper)."""
+
+
+def replaced_loop(base_model) -> str | None:
+    """"the model's <method> is <function> from <module>" when the diffusion model of `base_model`
+    (comfy.model_base.BaseModel, the APPLY_MODEL executor's class_obj) runs a forward loop set on the
+    instance instead of its class's, else None. ComfyUI's own models never set one: the function's
+    module names the node that did."""
+    own = getattr(getattr(base_model, "diffusion_model", None), "__dict__", {})
+    for name in LOOPS:
+        fn = own.get(name)
+        if callable(fn):
+            fn = getattr(fn, "__func__", fn)
+            return f"the model's {name} is {getattr(fn, '__qualname__', type(fn).__name__)} from {getattr(fn, '__module__', None)}"
+    return None
+
+
+def naming_loop(reason: str, executor) -> str:
+    """An unmerged-call reason (IDLE_CALL, NO_BLOCK_MERGED: both end in a parenthesis) with the
+    replaced forward loop of the call's model added inside its parenthesis, when there is one."""
+    loop = replaced_loop(getattr(executor, "class_obj", None))
+    return reason if loop is None else f"{reason.removesuffix(')')}; {loop})"
 
 
 def _count_unmerged_call(state: RunState, ctx: CallContext, reason: str) -> None:

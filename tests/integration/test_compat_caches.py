@@ -66,15 +66,19 @@ def skipped_steps(caplog: pytest.LogCaptureFixture, name: str) -> int:
 # --- EasyCache / LazyCache ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("scope", ["block", "keys_values"])
 @pytest.mark.parametrize("cache", ["EasyCache", "LazyCache"])
 @pytest.mark.parametrize("family", ["flux", "sdxl"])
-def test_step_cache_in_both_orders(family: str, cache: str, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture, request: pytest.FixtureRequest) -> None:
+def test_step_cache_in_both_orders(family: str, cache: str, scope: str, tiny: Any, toma: Toma, logs: pytest.LogCaptureFixture,
+                                   request: pytest.FixtureRequest) -> None:
     """Both orders give the same result; skipped steps never reach ToMA's blocks, and the run
-    line says how many steps really merged; the cache still skips with ToMA; both effects show."""
+    line says how many steps really merged; the cache still skips with ToMA; both effects show.
+    Both scopes: these caches skip whole calls and leave ComfyUI's own loop (and the
+    transformer_options keys_values needs) to the calls they compute."""
     model = request.getfixturevalue(f"tiny_{family}")
     latent, per_call = (FLUX_LATENT, FLUX_BLOCKS) if family == "flux" else (UNET_LATENT, SDXL_BLOCKS)
-    cache_first = toma.patch(cache_node(cache, model))
-    toma_first = cache_node(cache, toma.patch(model))
+    cache_first = toma.patch(cache_node(cache, model), scope=scope)
+    toma_first = cache_node(cache, toma.patch(model, scope=scope))
 
     out = tiny.sample(cache_first, latent, steps=STEPS)
     skipped = skipped_steps(logs, cache)
@@ -88,7 +92,7 @@ def test_step_cache_in_both_orders(family: str, cache: str, tiny: Any, toma: Tom
     assert torch.equal(tiny.sample(toma_first, latent, steps=STEPS), out)
     assert skipped_steps(logs, cache) == skipped and without_gain(run_records(logs)[-1]) == without_gain(run)
     assert torch.equal(tiny.sample(cache_first, latent, steps=STEPS), out)  # fresh state per run
-    assert rel(out, tiny.sample(toma.patch(model), latent, steps=STEPS)) > 1e-3  # the cache acted
+    assert rel(out, tiny.sample(toma.patch(model, scope=scope), latent, steps=STEPS)) > 1e-3  # the cache acted
     assert rel(out, tiny.sample(cache_node(cache, model), latent, steps=STEPS)) > 1e-3  # ToMA acted
 
 
