@@ -255,14 +255,14 @@ def latent_output(prompt: wa.Prompt) -> wa.Prompt:
 
 
 def settings_of(widgets: dict[str, Any]) -> Any:
-    """ToMASettings as the node builds them from its widgets (toma_nodes.build_settings)."""
+    """ToMASettings as the node builds them from its widgets (toma_nodes.build_settings, scope auto unless set)."""
     settings = pack_module("nodes.settings")
     core = pack_module("toma_core")
     basic = ("ratio", "tile_size", "start_percent", "end_percent", "recompute_every", "merge_every")
     schedule = core.MergeSchedule(
         float(widgets["start_percent"]), float(widgets["end_percent"]), widgets["recompute_every"], widgets["merge_every"],
     )
-    advanced = {"min_tokens": settings.NODE_MIN_TOKENS} | {k: v for k, v in widgets.items() if k not in basic}
+    advanced = {"min_tokens": settings.NODE_MIN_TOKENS, "scope": settings.NODE_SCOPE} | {k: v for k, v in widgets.items() if k not in basic}
     return settings.ToMASettings(ratio=float(widgets["ratio"]), tile_size=int(widgets["tile_size"]), schedule=schedule, **advanced)
 
 
@@ -273,7 +273,8 @@ def settings_of(widgets: dict[str, Any]) -> Any:
 def check_record(record: Any, family: str, widgets: dict[str, Any], steps: int, cancelled: bool) -> None:
     """The run record (live_prompts.run_records) of one sampler: family, settings, steps merged of the
     steps run, token counts; "cancelled" exactly when the user cancelled it; never an error or a bypass."""
-    settings = settings_of(widgets)
+    (family_entry,) = [f for f in pack_module("nodes.families.registry").FAMILIES if f.name == family]
+    settings = family_entry.resolve(settings_of(widgets))  # the run line reports scope auto as the family's choice
     assert record.family == family, record
     assert record.settings == settings.describe(), f"settings {settings.describe()!r}: {record}"
     assert record.status == ("cancelled" if cancelled else None), record  # never "failed" or "bypassed"
