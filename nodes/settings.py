@@ -57,8 +57,8 @@ MIN_TOKENS_RANGE = (0, 1 << 20)
 AUTO = "auto"
 NODE_MIN_TOKENS = AUTO
 """The nodes' default min_tokens: a call merges only where the cost model predicts a gain
-(run/gain.py AUTO_MIN_SPEEDUP), or, where that prediction is within its error of break-even, where
-the run measures one (run/gain.py judge). ToMASettings keeps 0 (always merge), as the library's default."""
+(run/prediction.py AUTO_MIN_SPEEDUP), or, where that prediction is within its error of break-even, where
+the run measures one (run/judge.py judge). ToMASettings keeps 0 (always merge), as the library's default."""
 TILE_FRAMES_RANGE = (1, 16)
 
 NODE_TILE_FRAMES = 4

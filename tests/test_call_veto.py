@@ -10,6 +10,7 @@ from harness.pack import pack_module
 
 wrappers = pack_module("nodes.run.wrappers")
 gain = pack_module("nodes.run.gain")
+prediction = pack_module("nodes.run.prediction")
 cost = pack_module("toma_core.cost")
 contract = pack_module("nodes.contract")
 settings_mod = pack_module("nodes.settings")
@@ -53,9 +54,9 @@ def test_auto_is_asked_only_when_every_other_rule_lets_the_call_merge() -> None:
     assert veto(settings_mod.ToMASettings(min_tokens=0), auto=lambda: "x", asked=asked) is None and asked == [True]
 
 
-CLOSE = gain.CostProfile((cost.BlockCost(256, 3, joint=False, merged=True), cost.BlockCost(256, 1, joint=False)), 256, 0.5, 256)
+CLOSE = prediction.CostProfile((cost.BlockCost(256, 3, joint=False, merged=True), cost.BlockCost(256, 1, joint=False)), 256, 0.5, 256)
 """A Wan-shaped model at tile 8 x 4 frames: 1,680 tokens predicted 1.24x, within the model's error of 1.05x."""
-SURE = gain.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
+SURE = prediction.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
 """Width 64: 64 tokens predicted 0.71x, the whole range below 1.05x."""
 VIDEO, SMALL = contract.CallGeometry(40, 42, 5), contract.CallGeometry(8, 8, 5)
 

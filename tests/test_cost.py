@@ -9,6 +9,7 @@ import pytest
 from harness.pack import pack_module
 
 cost = pack_module("toma_core.cost")
+constants = pack_module("toma_core.cost_constants")
 
 FLUX_DEV = {"width": 3072, "count": 57, "merged": True}
 """Flux.1-dev: 19 double + 38 single blocks of width 3072, every one merged."""
@@ -18,13 +19,13 @@ def flux(tokens: int, text: int = 512, kept: float = 0.5, device: str = "cpu", *
     return cost.call_speedup([cost.BlockCost(**(FLUX_DEV | kwargs))], tokens, text, kept, device)
 
 
-@pytest.mark.parametrize("point", cost.CALIBRATION, ids=lambda p: f"{p['block']}-C{p['width']}-N{p['tokens']}-T{p['text']}")
+@pytest.mark.parametrize("point", constants.CALIBRATION, ids=lambda p: f"{p['block']}-C{p['width']}-N{p['tokens']}-T{p['text']}")
 def test_reproduces_its_calibration_measurements(point):
     unet = point["block"] == "unet"
-    block = cost.BlockCost(point["width"], point.get("count", 1), linear=cost.LINEAR_UNET if unet else cost.LINEAR_DIT,
+    block = cost.BlockCost(point["width"], point.get("count", 1), linear=constants.LINEAR_UNET if unet else constants.LINEAR_DIT,
                            joint=not unet, merged=True)
     predicted = cost.call_speedup([block], point["tokens"], point["text"], 0.5, "cpu")
-    assert predicted == pytest.approx(point["measured"], rel=cost.BLOCK_ERROR)
+    assert predicted == pytest.approx(point["measured"], rel=constants.BLOCK_ERROR)
 
 
 def test_nothing_kept_away_is_no_gain():
@@ -52,7 +53,7 @@ def test_tiny_width_is_predicted_to_lose_on_a_gpu():
 
 
 def test_a_gpu_launch_makes_small_calls_pay_less_than_on_a_cpu_and_a_batch_pays_more():
-    small = [cost.BlockCost(320, 16, merged=True, linear=cost.LINEAR_UNET, joint=False)]
+    small = [cost.BlockCost(320, 16, merged=True, linear=constants.LINEAR_UNET, joint=False)]
     on_gpu = cost.call_speedup(small, 1024, 0, 0.5, "cuda")
     assert on_gpu < cost.call_speedup(small, 1024, 0, 0.5, "cpu")
     assert on_gpu < 1.0 < cost.call_speedup(small, 1024, 0, 0.5, "cuda", batch=64)
@@ -67,14 +68,14 @@ def test_cross_attention_text_does_not_count_in_self_attention():
     assert with_text < cost.call_speedup([cross], 4096, 4096, 0.5)  # text tokens stay unmerged in joint attention
 
 
-@pytest.mark.parametrize("point", cost.PLAN_CALIBRATION, ids=lambda p: "x".join(map(str, p["grid"])) + f"-tile{p['tile']}x{p['frames']}")
+@pytest.mark.parametrize("point", constants.PLAN_CALIBRATION, ids=lambda p: "x".join(map(str, p["grid"])) + f"-tile{p['tile']}x{p['frames']}")
 def test_plan_cost_follows_its_measurements_at_each_tile(point):
     """plan_flops against make_plan's measured ms (C 256, ratio 0.5), within a factor PLAN_ERROR (a
     noisy shared CPU: repeats spread up to 2.5x)."""
     frames, height, width = point["grid"]
     flops = cost.plan_flops(frames * height * width, 256, point["tile"] ** 2 * point["frames"], 0.5, "cpu")
-    predicted_ms = flops / cost.LAUNCH["cpu"] * cost.LAUNCH_SECONDS_CPU * 1000
-    assert 1 / cost.PLAN_ERROR < predicted_ms / point["ms"] < cost.PLAN_ERROR
+    predicted_ms = flops / constants.LAUNCH["cpu"] * constants.LAUNCH_SECONDS_CPU * 1000
+    assert 1 / constants.PLAN_ERROR < predicted_ms / point["ms"] < constants.PLAN_ERROR
 
 
 def test_plan_cost_grows_with_the_tiles_token_count():
@@ -108,7 +109,7 @@ NARROW_VIDEO = [cost.BlockCost(256, 3, joint=False, merged=True), cost.BlockCost
 def test_the_range_holds_the_prediction(device, blocks, tokens, tile):
     low, high = cost.call_speedup_range(blocks, tokens, 512, 0.5, device, tile_tokens=tile)
     assert low < cost.call_speedup(blocks, tokens, 512, 0.5, device, tile_tokens=tile) < high
-    assert (low == 0.0) is (device not in cost.CALIBRATED)
+    assert (low == 0.0) is (device not in constants.CALIBRATED)
 
 
 def test_the_range_widens_with_the_plans_share():
@@ -167,7 +168,7 @@ def test_keys_values_keeps_text_keys_exact():
     assert cost.call_speedup([joint], 16384, 4096, 0.25) < cost.call_speedup([cross], 16384, 4096, 0.25)
 
 
-@pytest.mark.parametrize("point", cost.KV_CALIBRATION, ids=lambda p: "x".join(map(str, p["grid"])) + f"-C{p['width']}-r{p['ratio']}")
+@pytest.mark.parametrize("point", constants.KV_CALIBRATION, ids=lambda p: "x".join(map(str, p["grid"])) + f"-C{p['width']}-r{p['ratio']}")
 def test_keys_values_merge_cost_follows_its_measurements(point):
     """keys_values_flops' K / V merge term (no attention: a block with attention off and no linear
     work) against the override's measured ms at real widths, within a factor 2 (a shared CPU)."""
@@ -176,5 +177,5 @@ def test_keys_values_merge_cost_follows_its_measurements(point):
     block = cost.BlockCost(point["width"], linear=0.0, attention=False, joint=False, merged=True, scope="keys_values")
     tile = 64 * point["tile_frames"]
     flops = cost.keys_values_flops(block, tokens, 0, 1.0 - point["ratio"], tile)
-    predicted_ms = flops / cost.LAUNCH["cpu"] * cost.LAUNCH_SECONDS_CPU * 1000
+    predicted_ms = flops / constants.LAUNCH["cpu"] * constants.LAUNCH_SECONDS_CPU * 1000
     assert 1 / 2 < predicted_ms / point["ms"] < 2

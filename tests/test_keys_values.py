@@ -13,6 +13,7 @@ from harness.pack import pack_module
 core = pack_module("toma_core")
 kv = pack_module("toma_core.keys_values")
 cost = pack_module("toma_core.cost")
+constants = pack_module("toma_core.cost_constants")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,7 +42,7 @@ def test_mass_channel_is_the_biased_attention(head: int) -> None:
     bias = torch.rand(2, 12, generator=gen, dtype=torch.float64) * 3
     qp, kp, vp = kv.with_mass_channel(q, k, v, bias)
     assert qp.shape[-1] == kp.shape[-1] == vp.shape[-1] == cost.padded_head(head)
-    assert qp.shape[-1] % cost.HEAD_MULTIPLE == 0 and qp.shape[-1] > head
+    assert qp.shape[-1] % constants.HEAD_MULTIPLE == 0 and qp.shape[-1] > head
     out = F.scaled_dot_product_attention(qp, kp, vp)[..., :head]
     torch.testing.assert_close(out, attention(q, k, v, bias))
 

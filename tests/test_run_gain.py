@@ -22,8 +22,11 @@ wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
 report = pack_module("nodes.run.report")
 gain_mod = pack_module("nodes.run.gain")
+prediction_mod = pack_module("nodes.run.prediction")
+judge_mod = pack_module("nodes.run.judge")
 core = pack_module("toma_core")
 cost = pack_module("toma_core.cost")
+constants = pack_module("toma_core.cost_constants")
 
 SIGMAS = [10.0, 7.5, 5.0, 2.5, 0.0]
 
@@ -95,7 +98,7 @@ def test_median_keeps_a_slow_first_call_from_counting():
 
 def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
     clock = FakeClock()
-    profile = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    profile = prediction_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
     state = state_of(cost_profile=profile)  # window 0-1: every step merges
     state.timer = gain_mod.CallTimer(clock)
     sample(state, clock, merged_s=1.0, unmerged_s=2.0)
@@ -142,8 +145,8 @@ def test_cuda_calls_are_timed_with_events_read_at_the_end():
 
 
 def test_auto_runs_a_call_unmerged_where_the_cost_model_predicts_no_gain():
-    tiny = gain_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
-    wide = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    tiny = prediction_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5)
+    wide = prediction_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
     for profile, merges in ((tiny, False), (wide, True)):
         assert not profile.predict(64, 5, "cpu", 2).close  # sure either way: the prediction decides
         state = state_of(cost_profile=profile, min_tokens="auto")
@@ -236,7 +239,7 @@ def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
 
 @pytest.mark.parametrize("min_tokens, merged_s, merged", [
     ("auto", 1.0, 4),  # faster
-    ("auto", lambda step: 1.0 if step == 4 else 2.0 / (gain_mod.AUTO_STOP_BELOW + 0.05), 4),  # then slower within a noisy clock's reach: no flip
+    ("auto", lambda step: 1.0 if step == 4 else 2.0 / (judge_mod.AUTO_STOP_BELOW + 0.05), 4),  # then slower within a noisy clock's reach: no flip
     (0, 3.0, 4),  # a number always merges
 ])
 def test_auto_keeps_merging_faster_calls_and_a_number_always_merges(min_tokens, merged_s, merged):
@@ -249,8 +252,8 @@ def test_auto_keeps_merging_faster_calls_and_a_number_always_merges(min_tokens, 
 # frames): the trained Wan fixture (width 64, 4 of 6 blocks merged, 2,304 tokens), predicted 0.82x
 # where merged calls measured 1.31x faster; a Wan-shaped model (width 256, 3 of 4 blocks merged,
 # 1,680 tokens), predicted 1.24x where merged calls measured 1.21-4.72x slower. Both run cfg 1.
-WAN_FIXTURE = gain_mod.CostProfile((cost.BlockCost(64, 4, joint=False, merged=True), cost.BlockCost(64, 2, joint=False)), 64, 0.5, 256)
-WAN_SHAPED = gain_mod.CostProfile((cost.BlockCost(256, 3, joint=False, merged=True), cost.BlockCost(256, 1, joint=False)), 256, 0.5, 256)
+WAN_FIXTURE = prediction_mod.CostProfile((cost.BlockCost(64, 4, joint=False, merged=True), cost.BlockCost(64, 2, joint=False)), 64, 0.5, 256)
+WAN_SHAPED = prediction_mod.CostProfile((cost.BlockCost(256, 3, joint=False, merged=True), cost.BlockCost(256, 1, joint=False)), 256, 0.5, 256)
 FIXTURE_LATENT, SHAPED_LATENT = (1, 4, 48, 48), (1, 4, 40, 42)
 """Latents of 2,304 and 1,680 image tokens (FakeAdapter: one token per latent pixel), batch 1."""
 
@@ -259,7 +262,7 @@ def test_both_predictions_of_the_report_are_close_and_a_real_size_one_is_not():
     fixture, shaped = WAN_FIXTURE.predict(2304, 5), WAN_SHAPED.predict(1680, 5)
     assert fixture.close and not fixture.merge and round(fixture.speedup, 2) == 0.82
     assert shaped.close and shaped.merge and round(shaped.speedup, 2) == 1.24
-    flux = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5, 64)
+    flux = prediction_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5, 64)
     assert not flux.predict(4096, 512).close and flux.predict(4096, 512).merge  # Flux.1-dev at 1024 px: merges, as predicted
     assert flux.predict(4096, 512, "cuda").close  # not calibrated on a GPU: measured there
     on_gpu = WAN_SHAPED.predict(1680, 5, "cuda")
@@ -271,14 +274,14 @@ def test_both_predictions_of_the_report_are_close_and_a_real_size_one_is_not():
     (False, [1.31, 1.31], [], True, None),  # then merge one to time it
     (False, [1.31, 1.31], [1.0], True, 1.31),  # (a) predicted no gain, measured 1.31x faster: merges
     (False, [1.0, 1.0], [1.32], False, 1 / 1.32),  # (b) predicted a gain, measured 1.32x slower: stops
-    (False, [gain_mod.AUTO_MIN_SPEEDUP + 0.01], [1.0], True, gain_mod.AUTO_MIN_SPEEDUP + 0.01),  # the prediction's bar
-    (False, [gain_mod.AUTO_MIN_SPEEDUP - 0.01], [1.0], False, gain_mod.AUTO_MIN_SPEEDUP - 0.01),
+    (False, [prediction_mod.AUTO_MIN_SPEEDUP + 0.01], [1.0], True, prediction_mod.AUTO_MIN_SPEEDUP + 0.01),  # the prediction's bar
+    (False, [prediction_mod.AUTO_MIN_SPEEDUP - 0.01], [1.0], False, prediction_mod.AUTO_MIN_SPEEDUP - 0.01),
     (True, [1.0], [1 / 0.95], True, 0.95),  # once merging: slower within the clock's noise goes on merging
-    (True, [1.0], [1 / (gain_mod.AUTO_STOP_BELOW - 0.01)], False, gain_mod.AUTO_STOP_BELOW - 0.01),  # clearly slower stops
+    (True, [1.0], [1 / (judge_mod.AUTO_STOP_BELOW - 0.01)], False, judge_mod.AUTO_STOP_BELOW - 0.01),  # clearly slower stops
     (True, [1.0, 1.0, 9.0], [0.5, 1.6, 1.7], False, 1 / 1.6),  # medians: one stray call moves nothing
 ])
 def test_judge_decides_from_measured_durations(merging, unmerged, merged, merge, measured):
-    verdict = gain_mod.judge(merging, unmerged, merged)
+    verdict = judge_mod.judge(merging, unmerged, merged)
     assert verdict.merge is merge
     assert verdict.measured == (None if measured is None else pytest.approx(measured))
 
@@ -332,8 +335,8 @@ def test_merged_calls_stay_measured_and_a_stop_is_final():
 
 
 @pytest.mark.parametrize("profile, latent, merges", [
-    (gain_mod.CostProfile(WAN_SHAPED.blocks, 256, 0.5, 16), SHAPED_LATENT, True),  # the Wan-shaped model at tile 4: 1.66x
-    (gain_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5), (2, 4, 8, 8), False),  # width 64, 64 tokens: 0.71x
+    (prediction_mod.CostProfile(WAN_SHAPED.blocks, 256, 0.5, 16), SHAPED_LATENT, True),  # the Wan-shaped model at tile 4: 1.66x
+    (prediction_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5), (2, 4, 8, 8), False),  # width 64, 64 tokens: 0.71x
 ])
 def test_far_from_break_even_the_prediction_decides_whatever_the_clock_says(profile, latent, merges):
     for merged_s, unmerged_s in ((1.0, 9.0), (9.0, 1.0)):
@@ -386,8 +389,8 @@ def test_auto_prices_the_keys_values_scope_by_its_attention_alone():
     its keys and values is predicted to gain about nothing, within the cost model's error of the bar, so
     min_tokens "auto" times one merged call against the unmerged ones and, measured no faster, runs the
     rest unmerged, where the block merge of the same model (predicted clearly faster) merges them all."""
-    block = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
-    keys_values = gain_mod.CostProfile((cost.BlockCost(3072, 57, merged=True, scope="keys_values"),), 3072, 0.5)
+    block = prediction_mod.CostProfile((cost.BlockCost(3072, 57, merged=True),), 3072, 0.5)
+    keys_values = prediction_mod.CostProfile((cost.BlockCost(3072, 57, merged=True, scope="keys_values"),), 3072, 0.5)
     merged = {}
     for name, profile in (("block", block), ("keys_values", keys_values)):
         clock, state = FakeClock(), state_of(cost_profile=profile, min_tokens="auto")
@@ -410,6 +413,6 @@ class FakeDit(torch.nn.Module):
 
 @pytest.mark.parametrize("scope", settings_mod.SCOPES)
 def test_a_dit_profile_prices_the_setting_s_scope_and_head_width(scope):
-    profile = gain_mod.DitCost("hidden_size", ("double_blocks",)).profile(FakeDit(2048, 32), 2, settings_mod.ToMASettings(scope=scope), False)
+    profile = prediction_mod.DitCost("hidden_size", ("double_blocks",)).profile(FakeDit(2048, 32), 2, settings_mod.ToMASettings(scope=scope), False)
     assert [b.scope for b in profile.blocks] == [scope, "block"] and {b.head for b in profile.blocks} == {64}
-    assert gain_mod.head_width(torch.nn.ModuleList([torch.nn.Module()]), 2048) == cost.HEAD_WIDTH
+    assert prediction_mod.head_width(torch.nn.ModuleList([torch.nn.Module()]), 2048) == constants.HEAD_WIDTH

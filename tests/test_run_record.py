@@ -29,7 +29,7 @@ class FakeAdapter:
 
 
 # Unmerged reasons as the code words them: a call reason with a colon inside parentheses, one with a
-# colon and a semicolon (gain.CostProfile.auto_veto's wording), a block reason with a tuple's
+# colon and a semicolon (prediction.CostProfile.auto_veto's wording), a block reason with a tuple's
 # commas, and the merge_every reason with "=".
 NO_BLOCK_MERGED = wrappers.NO_BLOCK_MERGED
 AUTO_VETO = (

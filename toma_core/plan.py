@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from .assignment import adaptive_slots, assignment, hard_assignment, own_destinations
 from .checks import check_plan_args, whole
 from .facility import facility_location, greedy_with_gains
+from .rows import select_rows, take_destinations, take_rows
 from .similarity import check_similarity, pairwise, prepare_features
 from .tiling import TileGrid
 
@@ -191,89 +193,6 @@ class TiledMergePlan(MergePlan):
         return take_destinations(rows, self._index, dim)
 
 
-def take_destinations(rows: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
-    """rows with N on `dim` (batch 1 or B in dim 0), index (B, D) -> the indexed rows, D on `dim`.
-
-    Batch-1 rows (rope tables) take one index_select, not advanced indexing (several times slower
-    on the CPU for Wan's (1, N, 1, C/2, 2, 2) table).
-    """
-    moved = rows.movedim(dim, 1)
-    index = index.to(rows.device)
-    if moved.shape[0] == 1:
-        taken = moved[0].index_select(0, index.flatten()).view(*index.shape, *moved.shape[2:])
-    else:
-        taken = moved[torch.arange(index.shape[0], device=rows.device).unsqueeze(-1), index]
-    return taken.movedim(1, dim)
-
-
-def take_rows(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x (B, L, C), index (B or 1, M) -> (B, M, C), into `out` if given: rows of each sample (a
-    gather, no scatter; an index_select when every sample takes the same rows)."""
-    index = index.to(x.device)
-    if index.shape[0] == 1:
-        return select_rows(x, index[0], out)
-    rows = index.unsqueeze(-1).expand(-1, -1, x.shape[-1])
-    if out is None or out.is_contiguous():
-        return torch.gather(x, 1, rows, out=out)
-    return out.copy_(x.gather(1, rows))
-
-
-def select_rows(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x (B, L, C), index (M,) -> (B, M, C), into `out` if given. torch.compile takes only a
-    contiguous out= tensor: a strided one (a slice of a batch above 1) gets a copy instead."""
-    if out is None or out.is_contiguous():
-        return torch.index_select(x, 1, index, out=out)
-    return out.copy_(x.index_select(1, index))
-
-
-def adaptive_slots(gains: torch.Tensor, num_kept: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Share one budget of D destinations over all tiles of a sample by greedy gain.
-
-    gains (B, G, k): the marginal facility-location gain of each tile's picks, in pick order.
-    Every tile keeps its first pick; the other D - G slots go to the largest gains of the whole
-    sample, so flat regions give up more tokens than detailed ones (as ToMe's global budget
-    does), while merging stays tile-local. Returns slot_valid (B, G, k), exactly D per sample,
-    and its maps (kept (B, D), source (B, G*k)); static shapes (topk, no nonzero).
-    """
-    g, k = gains.shape[-2:]
-    key = gains.double()
-    key[..., 0] = 1e12
-    key = key.masked_fill(gains < 0, -1e12)
-    # Distinct keys (ties to the earlier tile and pick) make the count exactly D.
-    key = (key - torch.arange(g * k, device=gains.device, dtype=torch.float64).view(g, k) * 1e-12).flatten(1)
-    valid = key >= key.topk(num_kept, dim=1).values[:, -1:]
-    positions = torch.arange(g * k, device=gains.device)
-    kept = torch.where(valid, positions - g * k, positions).topk(num_kept, dim=1, largest=False).indices
-    source = (valid.long().cumsum(1) - 1).clamp_min(0)
-    return valid.view(-1, g, k), (kept, source)
-
-
-def assignment(dst_sim: torch.Tensor, slot_valid: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Soft assignment P (B, G, k, n) of each token over its tile's destinations (softmax over k)."""
-    logits = dst_sim.masked_fill(~slot_valid.unsqueeze(-1), float("-inf"))
-    if temperature == 0:
-        best = logits.argmax(dim=-2, keepdim=True)
-        slots = torch.arange(logits.shape[-2], device=logits.device).view(-1, 1)
-        return (slots == best).float()
-    # A tiny temperature (1e-300 is legal) must not give NaN: shifted by each token's best
-    # destination, logits / temperature cannot overflow to +inf, and the temperature is clamped
-    # to the smallest normal float of the logits' dtype, which it would otherwise round to 0.
-    # In place on the fresh logits: the same arithmetic, two (B, G, k, n) buffers fewer.
-    shifted = logits.sub_(logits.amax(dim=-2, keepdim=True))
-    return torch.softmax(shifted.div_(max(temperature, torch.finfo(logits.dtype).tiny)), dim=-2)
-
-
-def own_destinations(assign: torch.Tensor, dst: torch.Tensor, slot_valid: torch.Tensor) -> torch.Tensor:
-    """Hard assignment (B, G, k, n) with every used destination pinned to its own token.
-
-    A tile of identical tokens yields distinct but identical destinations; argmax ties would send
-    all of them to the first, leaving the others empty (an all-zero merged token).
-    """
-    positions = torch.arange(assign.shape[-1], device=assign.device)
-    own = (dst.unsqueeze(-1) == positions).float() * slot_valid.unsqueeze(-1)
-    return torch.where(own.amax(dim=-2, keepdim=True) > 0, own, assign)
-
-
 BUDGETS = ("tile", "adaptive")
 
 UNMERGES = ("delta", "hard", "output")
@@ -281,13 +200,6 @@ UNMERGES = ("delta", "hard", "output")
 each token adds the soft mix of its destinations' changes (default). hard: the same with each
 token taking its most similar destination's change alone. output: U f(Mx), each token replaced by
 its destinations' outputs (the block's own detail between tokens of a cluster is lost)."""
-
-
-def hard_assignment(assign: torch.Tensor) -> torch.Tensor:
-    """(B, G, k, n) soft assignment -> one-hot on each token's largest weight (zero columns stay zero)."""
-    best = assign.argmax(dim=-2, keepdim=True)
-    slots = torch.arange(assign.shape[-2], device=assign.device).view(-1, 1)
-    return ((slots == best) & (assign.sum(-2, keepdim=True) > 0)).to(assign.dtype)
 
 
 def make_plan(

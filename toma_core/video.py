@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_plan_args, whole
-from .plan import MergePlan, make_plan, take_destinations
+from .plan import MergePlan, make_plan
+from .rows import take_destinations
 
 
 @dataclass(frozen=True)

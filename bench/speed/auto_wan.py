@@ -83,13 +83,13 @@ def tokens_of(latent: tuple[int, ...]) -> int:
 
 
 def prediction_line(patched: Any, tokens: int, device: str) -> str:
-    """min_tokens auto's prediction for the model's calls of `tokens` image tokens (nodes/run/gain.py Prediction)."""
+    """min_tokens auto's prediction for the model's calls of `tokens` image tokens (nodes/run/prediction.py Prediction)."""
     settings = pack_module("nodes.settings")
     cost = patched.model_options["transformer_options"][settings.TOMA_KEY].config.cost
     p = cost.predict(tokens, 0, device, 1)
     verdict = "too close to call: measured" if p.close else "decided by the prediction"
     return (f"min_tokens auto on {device}: predicted {p.speedup:.2f}x, {p.low:.2f}-{p.high:.2f}x within the cost "
-            f"model's error, against {pack_module('nodes.run.gain').AUTO_MIN_SPEEDUP:g}x: {verdict}\n")
+            f"model's error, against {pack_module('nodes.run.prediction').AUTO_MIN_SPEEDUP:g}x: {verdict}\n")
 
 
 def outcome(record: Any) -> str:

@@ -12,7 +12,7 @@ Sections of the file, each written as soon as it is done (a run cut short keeps 
    node defaults' ratio and tile (nodes/settings.py NODE_RATIO, NODE_TILE_SIZE; video tiles span
    NODE_TILE_FRAMES frames; blocks "all", every call merged, the plan built in the call), in turns,
    in bf16 with torch SDPA. Beside the measured speed-up: the cost model's prediction for that same
-   model and call (nodes/run/gain.py over toma_core/cost.py, on the run's device type).
+   model and call (nodes/run/prediction.py over toma_core/cost.py, on the run's device type).
 2. `min_tokens auto`: the full-size model (built on torch's meta device) patched as the ToMA Patch
    node patches it (node defaults, min_tokens auto), and the decision its cost profile takes for
    a call of each size (CostProfile.auto_veto) on "cuda" and on "cpu".
@@ -180,7 +180,7 @@ def timing_table(rows: list[dict[str, Any]], skipped: list[str], device: str, dt
     lines = [f"## Block timings ({dtype}, torch SDPA, {device})", "",
              "One call of the few-block model at the real width (realsize_measure.probe), unmerged and merged at the "
              "node defaults' ratio and tile on every block; median of the rounds. \"predicted\": the cost model "
-             "(nodes/run/gain.py) for that model and call.", "",
+             "(nodes/run/prediction.py) for that model and call.", "",
              "| family | size | image tokens N | unmerged ms | merged ms | plan ms | measured | predicted |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -211,11 +211,11 @@ def auto_rows(name: str) -> list[dict[str, Any]]:
 
 
 def auto_table(rows: list[dict[str, Any]], skipped: list[str]) -> str:
-    floor = pack_module("nodes.run.gain").AUTO_MIN_SPEEDUP
+    floor = pack_module("nodes.run.prediction").AUTO_MIN_SPEEDUP
     lines = ["## min_tokens auto", "",
              f"The full-size model patched at the node defaults (min_tokens auto); a call merges when its predicted "
              f"speed-up is at least {floor:g}x; \"measured\": the cost model's error range holds {floor:g}x, so the run "
-             "times an unmerged and a merged call and decides (nodes/run/gain.py).", "",
+             "times an unmerged and a merged call and decides (nodes/run/gain.py, nodes/run/judge.py).", "",
              "| family | size | image tokens N | batch | predicted (cuda) | auto (cuda) | predicted (cpu) | auto (cpu) |",
              "|---|---|---:|---:|---:|---|---:|---|"]
     for r in rows:

@@ -1,10 +1,10 @@
 """Times one merge plan (toma_core.make_plan, facility location, ToMA §3.2) at tile 4 / 8 / 16 and
 1 / 2 / 4 tile frames, beside the plan term of toma_core/cost.py (plan_flops) in ms; the figures are
-toma_core.cost.PLAN_CALIBRATION, which GREEDY and PLAN_MOVES are fitted to.
+toma_core.cost_constants.PLAN_CALIBRATION, which GREEDY and PLAN_MOVES are fitted to.
 
 The greedy (toma_core/facility.py) runs k = round(n (1 - ratio)) iterations, batched over the tiles;
 each reads the (G, n, n) similarities, G n = N tokens: its work is k N n element passes, about
-(1 - ratio) N n^2, and its launches k times a few ops (cost.GREEDY, cost.GREEDY_OPS). The model's
+(1 - ratio) N n^2, and its launches k times a few ops (cost_constants.py GREEDY, GREEDY_OPS). The model's
 flop-equivalents are turned into ms at LAUNCH["cpu"] per LAUNCH_SECONDS_CPU.
 
 Times: process CPU clock, one thread (`OMP_NUM_THREADS=1`; waiting for a shared core does not
@@ -43,9 +43,9 @@ def time_plan(x: torch.Tensor, frames: int, height: int, width: int, tile: int, 
 
 def predicted_ms(tokens: int, channels: int, tile_tokens: int, ratio: float) -> float:
     """cost.py's plan term on this CPU, in ms (flop-equivalents at LAUNCH["cpu"] per 7 us)."""
-    cost = pack_module("toma_core.cost")
+    cost, constants = pack_module("toma_core.cost"), pack_module("toma_core.cost_constants")
     flops = cost.plan_flops(tokens, channels, tile_tokens, 1.0 - ratio, "cpu")
-    return flops / cost.LAUNCH["cpu"] * cost.LAUNCH_SECONDS_CPU * 1000
+    return flops / constants.LAUNCH["cpu"] * constants.LAUNCH_SECONDS_CPU * 1000
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..contract import FamilyAdapter
-from ..run.gain import CostModel, DitCost
+from ..run.prediction import CostModel, DitCost
 from ..settings import AUTO_SCOPE, KEYS_VALUES, ToMASettings
 from . import (
     flux,
@@ -45,7 +45,7 @@ class Family:
     diffusion-model classes ("module:Class"); apply: its adapter's apply (families/<name>.py);
     streams: ((group, ModuleList attribute), ...) of the blocks its `blocks` setting names (a DiT's;
     the UNet names its blocks by level, families/unet_blocks.py); cost: how the cost model prices it
-    (run/gain.py); title, models, how, limits: its README row; node_models: how the nodes'
+    (run/prediction.py); title, models, how, limits: its README row; node_models: how the nodes'
     description and model tooltip name it; blocks_example: a `blocks` list for the Advanced node's
     tooltip, valid on every model of the family; video: it reads `tile_frames`. scope: what scope
     "auto" runs on it (chosen from the scope study on the trained fixtures, docs/video.md)."""

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from ...toma_core.cost import LINEAR_UNET, BlockCost
-from ..run.gain import CostProfile, head_width, tile_tokens
+from ...toma_core.cost import BlockCost
+from ...toma_core.cost_constants import LINEAR_UNET
+from ..run.prediction import CostProfile, head_width, tile_tokens
 from ..settings import ToMASettings
 from .unet_blocks import parse_unet_blocks
 from .unet_sites import find_sites, levels
 
 
 class UNetCost:
-    """Prices a UNet level by level (a contract for gain.CostModel)."""
+    """Prices a UNet level by level (a contract for prediction.CostModel)."""
 
     def profile(self, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool) -> CostProfile:
         """merged_blocks is unused: which transformer blocks merge is read per site from the setting."""

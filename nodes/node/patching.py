@@ -2,7 +2,7 @@
 
 Clones the model, finds its family in the registry (registry.py), lets the family's
 adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`), reads the cost
-model's view of it (the family's CostModel, run/gain.py), says once what it changes in the settings, and installs
+model's view of it (the family's CostModel, run/prediction.py), says once what it changes in the settings, and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
 on it; the input model is never modified. Under ComfyUI's MultiGPU CFG Split each device's model

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from ..contract import FamilyAdapter
 from ..settings import ToMASettings
-from .gain import CostProfile
+from .prediction import CostProfile
 
 
 @dataclass(frozen=True)
 class ToMAConfig:
     """Immutable description of one ToMA patch. cost: the cost model's view of the patched model
-    (min_tokens "auto" and the predicted gains; gain.py); None when there is none."""
+    (min_tokens "auto" and the predicted gains; prediction.py); None when there is none."""
 
     settings: ToMASettings
     adapter: FamilyAdapter

@@ -1,19 +1,11 @@
-"""What a merged call gains, predicted by the cost model and measured by the run's timer, and
-`min_tokens = "auto"`, which asks both (`auto_call_veto`, asked by the APPLY_MODEL wrapper, wrappers.py).
-
-Predicted (`CostProfile`): the cost model's view of a patched model (toma_core.cost), read once, when
-the node runs, from the diffusion model's own modules by the family's CostModel (its registry entry):
-`DitCost` for a DiT (its width and block lists; the adapter says how many blocks the setting
-merges), families/unet_cost.py for the UNet. A call's `Prediction` is its speed-up for the family's
-width, the call's token count and the plan's tile (tile_size^2 x tile_frames tokens), and the range
-the model's measured error leaves it in (toma_core.cost.call_speedup_range: the merged blocks within
-12 % and the plan within a factor 2.5 of their CPU calibrations; no lower bound on a device the model
-was not calibrated on, such as a GPU).
+"""What a merged call gains, predicted by the cost model (prediction.py) and measured by the run's
+timer, and `min_tokens = "auto"`, which asks both (`auto_call_veto`, asked by the APPLY_MODEL wrapper,
+wrappers.py).
 
 min_tokens "auto" merges a call where its whole range is at least AUTO_MIN_SPEEDUP and runs it
 unmerged where its whole range is below: there the prediction decides, a pure function of the call's
 shape, and the run does not depend on the clock. Where the range holds AUTO_MIN_SPEEDUP
-(`Prediction.close`), or without a cost model, the run measures instead (`CallTimer.measured_veto`; the decision is `judge`, a pure function of the
+(`Prediction.close`), or without a cost model, the run measures instead (`CallTimer.measured_veto`; the decision is judge.py `judge`, a pure function of the
 measured durations): it times an unmerged call of that shape (one outside the sigma window, or else
 the first merge-eligible one, run unmerged for it), then a merged one, and from the next call on the
 measurement decides, against the bar the prediction had to clear (AUTO_MIN_SPEEDUP). Merged calls
@@ -40,141 +32,19 @@ stop merging, never start.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from ...toma_core.cost import (
-    HEAD_WIDTH,
-    TILE_TOKENS,
-    BlockCost,
-    call_speedup,
-    call_speedup_range,
-)
 from ..contract import CallGeometry
-from ..settings import ToMASettings
+from .judge import Verdict, judge
+from .prediction import CostProfile
 
 log = logging.getLogger(__name__)
-
-AUTO_MIN_SPEEDUP = 1.05
-"""min_tokens "auto": a call merges only when its speed-up is at least this (a few percent)."""
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The cost model's speed-up of a call (unmerged / merged time) and the range [low, high] its
-    measured error leaves it in (toma_core.cost.call_speedup_range)."""
-
-    speedup: float
-    low: float
-    high: float
-
-    @property
-    def merge(self) -> bool:
-        """The prediction alone merges the call."""
-        return self.speedup >= AUTO_MIN_SPEEDUP
-
-    @property
-    def close(self) -> bool:
-        """The range holds AUTO_MIN_SPEEDUP: within its error the model cannot tell whether merging pays."""
-        return self.low < AUTO_MIN_SPEEDUP <= self.high
-
-
-@dataclass
-class CostProfile:
-    """The blocks of one patched model for the cost model, with a per-geometry cache of predictions.
-
-    width: the width reported in log lines (a UNet's first transformer level). tile_tokens: tokens
-    per plan tile, tile_size^2 (x tile_frames in a video family): the plan's cost grows with it.
-    """
-
-    blocks: tuple[BlockCost, ...]
-    width: int
-    kept: float
-    tile_tokens: int = TILE_TOKENS
-    _cache: dict[tuple[int, int, str, int], Prediction] = field(default_factory=dict, repr=False)
-
-    def predict(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> Prediction:
-        """The Prediction of a call of batch `batch`, N = `tokens` image tokens and `others` text and
-        pass-through tokens, on a device of type `device` ("cpu", "cuda", ...)."""
-        key = (tokens, others, device, batch)
-        if key not in self._cache:
-            args = (self.blocks, tokens, others, self.kept, device, batch, self.tile_tokens)
-            self._cache[key] = Prediction(call_speedup(*args), *call_speedup_range(*args))
-        return self._cache[key]
-
-    def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> float:
-        """Predicted unmerged / merged time of such a call (Prediction.speedup)."""
-        return self.predict(tokens, others, device, batch).speedup
-
-    def auto_veto(self, geometry: CallGeometry, device: str, batch: int) -> str | None:
-        """The prediction's decision for this call on `device`: why it runs unmerged, or None when
-        merging is predicted to pay (auto_call_veto measures instead where the prediction is close)."""
-        predicted = self.speedup(geometry.tokens, geometry.others, device, batch)
-        if predicted >= AUTO_MIN_SPEEDUP:
-            return None
-        return (
-            f"min_tokens auto: merging {geometry.tokens} image tokens at width {self.width} on {device} is predicted "
-            f"{predicted:.2f}x (needs {AUTO_MIN_SPEEDUP:g}x; a number in min_tokens forces merging)"
-        )
-
-
-class CostModel(Protocol):
-    """How a family's blocks are priced: each registry entry (registry.py Family.cost) holds one."""
-
-    def profile(self, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool) -> CostProfile:
-        """The CostProfile of a patched model whose adapter merges `merged_blocks` of its blocks; a
-        `video` family's tiles span settings.tile_frames frames."""
-        ...
-
-
-@dataclass(frozen=True)
-class DitCost:
-    """The cost model's view of a DiT family: `width`, the attribute of ComfyUI's model class holding
-    the block width C; `blocks`, the ModuleList attributes of its blocks on image tokens (the ones
-    `blocks` selects and any others, e.g. Lumina2's noise refiner, priced at full N); `joint`: its
-    text joins the blocks' self-attention (False: cross-attention, as Wan and Kandinsky 5)."""
-
-    width: str
-    blocks: tuple[str, ...]
-    joint: bool = True
-
-    def profile(self, diffusion_model: torch.nn.Module, merged_blocks: int, settings: ToMASettings, video: bool) -> CostProfile:
-        width = getattr(diffusion_model, self.width)
-        total = sum(len(getattr(diffusion_model, name)) for name in self.blocks)
-        merged = min(merged_blocks, total)
-        head = head_width(getattr(diffusion_model, self.blocks[0]), width)
-        blocks = (
-            BlockCost(width, merged, joint=self.joint, merged=True, scope=settings.scope, head=head),
-            BlockCost(width, max(0, total - merged), joint=self.joint, head=head),
-        )
-        return CostProfile(blocks, width, 1.0 - settings.effective_ratio, tile_tokens(settings, video))
-
-
-def head_width(blocks: torch.nn.Module, width: int) -> int:
-    """The head size e of the attention in `blocks` (the keys/values scope pads it): the first
-    submodule's `head_dim`, else `width` over its head count (num_heads, heads or n_heads, as
-    ComfyUI's attention classes name it); HEAD_WIDTH when none says."""
-    for module in blocks.modules():
-        size = getattr(module, "head_dim", None)
-        if isinstance(size, int) and size > 0:
-            return size
-        for name in ("num_heads", "heads", "n_heads"):
-            count = getattr(module, name, None)
-            if isinstance(count, int) and count > 0 and width % count == 0:
-                return width // count
-    return HEAD_WIDTH
-
-
-def tile_tokens(settings: ToMASettings, video: bool) -> int:
-    """Tokens per plan tile: tile_size^2, times tile_frames in a video family (the plan's cost grows with it)."""
-    return settings.tile_size ** 2 * (settings.tile_frames if video else 1)
-
 
 CallKey = tuple[int, int, int]
 """(batch, image tokens, text + pass-through tokens) of a call: only calls of one key are compared."""
@@ -190,45 +60,6 @@ class TimedCall:
     key: CallKey
     merged: bool
     seconds: float
-
-
-AUTO_STOP_BELOW = 0.9
-"""min_tokens "auto" stops merging a shape it measured merging once its merged calls measure below this
-speed-up: clearly slower, not just slower. Stopping changes the image of the rest of the run, and on
-a loaded machine a call's clock is noisy (on this project's CPU consecutive unpatched runs differ by
-4.5-12 % in time, docs/quality.md "Few-step runs"), so more merged calls do not undo the first
-measurement unless they are slower beyond that noise."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """min_tokens "auto"'s decision for the next call of a shape whose prediction is close (`judge`).
-    measured: median unmerged over median merged seconds of the shape's timed calls; None while one
-    of the two is still to be timed (the call then runs as the timing needs)."""
-
-    merge: bool
-    measured: float | None = None
-
-    @property
-    def stopped(self) -> bool:
-        """Measured and unmerged: final for the rest of the run."""
-        return self.measured is not None and not self.merge
-
-
-def judge(merging: bool, unmerged: Sequence[float], merged: Sequence[float]) -> Verdict:
-    """min_tokens "auto" where the prediction is close: the decision for the next call of a shape, a
-    pure function of the seconds of its finished unmerged and merged calls in this run. Until both
-    have been timed: an unmerged call first, then a merged one. Then the measured speed-up (median
-    unmerged over median merged) decides: merge when it is at least AUTO_MIN_SPEEDUP, the bar the
-    prediction had to clear; once `merging` (a measurement made it merge), stop only below
-    AUTO_STOP_BELOW."""
-    if not unmerged:
-        return Verdict(False)
-    if not merged:
-        return Verdict(True)
-    fast = statistics.median(merged)
-    ratio = statistics.median(unmerged) / fast if fast > 0 else math.inf
-    return Verdict(ratio >= (AUTO_STOP_BELOW if merging else AUTO_MIN_SPEEDUP), ratio)
 
 
 AUTO_TIMING = "timed unmerged by min_tokens auto (the prediction is within the cost model's error)"

@@ -82,7 +82,7 @@ def test_auto_decides_every_real_size(report: str) -> None:
             assert not found and f"has no comfy.supported_models.{rs.family(name).config_class}" in auto
             continue
         assert [r[1] for r in found] == [s.label for s in gpu_check.sizes(name, tiny=False)]
-        floor = rs.pack_module("nodes.run.gain").AUTO_MIN_SPEEDUP
+        floor = rs.pack_module("nodes.run.prediction").AUTO_MIN_SPEEDUP
         for r in found:
             for predicted, decision in ((ratio(r[4]), r[5]), (ratio(r[6]), r[7])):
                 assert decision in ("merge", "unmerged", "measured") and predicted > 0, r
