@@ -12,8 +12,10 @@ from harness.pack import pack_module
 
 contract = pack_module("nodes.contract")
 runtime = pack_module("nodes.run.runtime")
+current = pack_module("nodes.run.current")
 config_mod = pack_module("nodes.run.config")
 report_mod = pack_module("nodes.run.report")
+stats_mod = pack_module("nodes.run.stats")
 wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
 runner = pack_module("nodes.machinery.runner")
@@ -149,7 +151,7 @@ def test_report_is_one_line_with_facts():
     plan_of(ctx)
     ctx.record_block(True)
     ctx.record_block(False, "attn_mask")
-    line = report_mod.format_report(state.config, state.stats, orphan_blocks=0)
+    line = stats_mod.format_report(state.config, state.stats, orphan_blocks=0)
     assert "\n" not in line
     record = report_mod.parse_run_line(line)
     assert record.tokens == {(8, 8): (64, 32)} and record.block_runs_merged == 1 and record.plans_built == 1
@@ -159,15 +161,15 @@ def test_report_is_one_line_with_facts():
 def test_find_call_order():
     state = make_state()
     ctx = call(state, 10.0)
-    assert runtime.find_call({"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
-    assert runtime.find_call({}, {"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
-    assert runtime.find_call({}) is None
-    token = runtime.enter_call(ctx)
+    assert current.find_call({"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
+    assert current.find_call({}, {"transformer_options": {settings_mod.CALL_KEY: ctx}}) is ctx
+    assert current.find_call({}) is None
+    token = current.enter_call(ctx)
     try:
-        assert runtime.find_call({"transformer_options": {}}) is ctx
+        assert current.find_call({"transformer_options": {}}) is ctx
     finally:
-        runtime.leave_call(token)
-    assert runtime.find_call({}) is None and not any(runtime.live_state().values())
+        current.leave_call(token)
+    assert current.find_call({}) is None and not any(current.live_state().values())
 
 
 def test_merge_rows_gives_destination_rows_and_keeps_text():

@@ -21,6 +21,7 @@ config_mod = pack_module("nodes.run.config")
 wrappers = pack_module("nodes.run.wrappers")
 settings_mod = pack_module("nodes.settings")
 report = pack_module("nodes.run.report")
+stats_mod = pack_module("nodes.run.stats")
 gain_mod = pack_module("nodes.run.gain")
 prediction_mod = pack_module("nodes.run.prediction")
 judge_mod = pack_module("nodes.run.judge")
@@ -87,7 +88,7 @@ def test_gain_is_computed_from_the_recorded_call_times():
     gain = gain_of(state)
     assert gain.measured and gain.call == pytest.approx(2.0)
     assert gain.run == pytest.approx((4 * 2.0) / (2 * 1.0 + 2 * 2.0))
-    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain))
+    record = report.parse_run_line(stats_mod.format_report(state.config, state.stats, 0, gain))
     assert record.gain == report.RunGain(call=2.0, run=1.33, measured=True)
 
 
@@ -105,7 +106,7 @@ def test_without_an_unmerged_call_the_cost_model_figure_is_used_and_said():
     gain = gain_of(state)
     assert not gain.measured
     assert gain.call == pytest.approx(profile.speedup(64, 5, "cpu", 2)) == pytest.approx(gain.run)
-    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain))
+    record = report.parse_run_line(stats_mod.format_report(state.config, state.stats, 0, gain))
     figure = round(gain.call, 2)
     assert figure >= 1.0 and record.gain == report.RunGain(call=figure, run=figure, measured=False)
 
@@ -168,15 +169,15 @@ def test_auto_runs_a_call_unmerged_where_the_cost_model_predicts_no_gain():
 def test_a_setting_that_merges_no_token_is_reported_as_such(ratio, tile, reason):
     state = state_of(ratio=ratio, tile_size=tile)
     sample(state, FakeClock(), 1.0, 1.0)
-    record = report.parse_run_line(report.format_report(state.config, state.stats, 0))
+    record = report.parse_run_line(stats_mod.format_report(state.config, state.stats, 0))
     assert state.stats.merged_calls == state.stats.eligible_calls == state.stats.block_runs_merged == 0
     assert record.unmerged_calls == {reason: 4} and record.steps_merged == 0 and record.total_steps == 4
-    assert not report.bypassed(state.config, state.stats, 0)
-    assert report.schedule_warning(state.config.settings, state.stats) is None
+    assert not stats_mod.bypassed(state.config, state.stats, 0)
+    assert stats_mod.schedule_warning(state.config.settings, state.stats) is None
 
 
 def test_block_count_says_what_it_counts():
-    record = report.parse_run_line(report.format_report(state_of().config, state_of().stats, 0))
+    record = report.parse_run_line(stats_mod.format_report(state_of().config, state_of().stats, 0))
     assert record.blocks_selected == 2 and record.blocks == "all"
 
 
@@ -193,7 +194,7 @@ def steps(count: int) -> list[float]:
 ])
 def test_a_schedule_that_merges_none_or_few_of_the_steps_warns(sigmas, start, expected):
     state = state_of(sigmas, schedule=core.MergeSchedule(start, 1.0))
-    text = report.schedule_warning(state.config.settings, state.stats)
+    text = stats_mod.schedule_warning(state.config.settings, state.stats)
     if expected is None:
         assert text is None, text
     else:
@@ -210,8 +211,8 @@ def node_default_state(count: int) -> runtime.RunState:
 def test_at_the_node_defaults_a_few_step_run_merges_its_share_or_warns(few):
     many, short = node_default_state(20), node_default_state(few)
     share = short.stats.planned_steps / few
-    comparable = share >= report.FEW_STEPS_SHARE * many.stats.planned_steps / 20
-    assert comparable or report.schedule_warning(short.config.settings, short.stats)
+    comparable = share >= stats_mod.FEW_STEPS_SHARE * many.stats.planned_steps / 20
+    assert comparable or stats_mod.schedule_warning(short.config.settings, short.stats)
 
 
 def test_a_loss_reads_as_slower():
@@ -231,7 +232,7 @@ def long_run(count: int, start: float, min_tokens: int | str, merged_s: float, u
 def test_auto_stops_merging_once_merged_calls_measure_slower_and_says_so():
     state = long_run(8, 0.5, "auto", merged_s=3.0, unmerged_s=2.0)  # steps 0-3 unmerged, 4-7 in the window
     assert state.stats.merged_calls == 1  # the one merged call it timed
-    record = report.parse_run_line(report.format_report(state.config, state.stats, 0, gain_of(state), state.timer.measured()))
+    record = report.parse_run_line(stats_mod.format_report(state.config, state.stats, 0, gain_of(state), state.timer.measured()))
     assert record.unmerged_calls.get("merging measured 1.50x slower at this size, stopped by min_tokens auto") == 3, record
     assert record.steps_merged == 1 and record.total_steps == 8
     assert record.auto == (gain_mod.Measured(64, 2, 1 / 1.5, None, False),)
@@ -293,7 +294,7 @@ def close_run(profile, latent, start: float, merged_s, unmerged_s, count: int = 
     state = state_of(steps(count), profile, schedule=core.MergeSchedule(start, 1.0), min_tokens="auto")
     state.timer = gain_mod.CallTimer(clock)
     sample(state, clock, merged_s, unmerged_s, steps(count), latent)
-    line = report.format_report(state.config, state.stats, 0, gain_of(state), state.timer.measured())
+    line = stats_mod.format_report(state.config, state.stats, 0, gain_of(state), state.timer.measured())
     return state, report.parse_run_line(line)
 
 
@@ -379,7 +380,7 @@ def test_the_readme_example_run_line_is_what_the_code_prints():
     gained = re.search(r"measured \(`([^`]*)`\)", step).group(1)
     state = long_run(4, 0.5, 0, merged_s=1.0, unmerged_s=2.0)
     state.stats.tokens[(8, 8)] = (64, 32)
-    line = report.format_report(state.config, state.stats, 0, gain_of(state))
+    line = stats_mod.format_report(state.config, state.stats, 0, gain_of(state))
     assert example_pattern(head).match(line), (head, line)
     assert example_pattern(gained).search(line), (gained, line)
 

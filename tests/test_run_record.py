@@ -1,7 +1,7 @@
-"""The run line and its record (nodes/run/report.py), without ComfyUI: a finished run's RunRecord
-formats to the line format_report prints, and parse_run_line reads that line back to the same
-record, for every status, with and without a gain, and for the unmerged reasons the code words
-with commas, colons and semicolons."""
+"""The run line and its record (nodes/run/report.py; made from a run's counters by
+nodes/run/stats.py), without ComfyUI: a finished run's RunRecord formats to the line format_report
+prints, and parse_run_line reads that line back to the same record, for every status, with and
+without a gain, and for the unmerged reasons the code words with commas, colons and semicolons."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from harness.pack import pack_module
 
 report = pack_module("nodes.run.report")
+stats_mod = pack_module("nodes.run.stats")
 config_mod = pack_module("nodes.run.config")
 settings_mod = pack_module("nodes.settings")
 gain_mod = pack_module("nodes.run.gain")
@@ -39,9 +40,9 @@ AUTO_VETO = (
 SHAPE = contract.layout_changed("attn_mask of shape (2, 1, 72, 72) is not (..., 136, 136)").reason
 
 
-def stats_of(**kw) -> report.RunStats:
+def stats_of(**kw) -> stats_mod.RunStats:
     """A run of 4 steps, 8 calls (cond and uncond), 2 of them unmerged for two reasons."""
-    stats = report.RunStats(
+    stats = stats_mod.RunStats(
         total_steps=4, calls=8, merged_calls=6, steps_merged={0, 1, 2}, block_runs_merged=17, plans_built=3,
         unmerged_calls=Counter({NO_BLOCK_MERGED: 1, AUTO_VETO: 1}), unmerged_blocks=Counter({SHAPE: 2}),
         tokens={(8, 16): (128, 64), (4, 4): (16, 8)}, eligible_calls=7,
@@ -74,8 +75,8 @@ GAINS = [
 
 def round_trip(config, stats, orphans: int, gain, auto=()) -> report.RunRecord:
     """The run's record, checked against the printed line both ways."""
-    line = report.format_report(config, stats, orphans, gain, auto)
-    record = report.run_record(config, stats, orphans, gain, auto)
+    line = stats_mod.format_report(config, stats, orphans, gain, auto)
+    record = stats_mod.run_record(config, stats, orphans, gain, auto)
     assert record.line() == line
     assert report.parse_run_line(line) == record, line
     assert report.parse_run_line(line).line() == line
@@ -99,7 +100,7 @@ def test_the_fields_are_the_runs_counts():
     assert (record.steps_merged, record.total_steps, record.calls_merged, record.total_calls) == (3, 4, 6, 8)
     assert (record.block_runs_merged, record.plans_built) == (17, 3)
     assert record.unmerged_calls == {NO_BLOCK_MERGED: 1, AUTO_VETO: 1}
-    assert record.unmerged_blocks == {SHAPE: 2, report.ORPHAN_REASON: 3}
+    assert record.unmerged_blocks == {SHAPE: 2, stats_mod.ORPHAN_REASON: 3}
     assert record.settings == config_of(ratio=0.25, schedule=core.MergeSchedule(0.2, 0.9, 2)).settings.describe()
     assert record.gain == report.RunGain(2.0, 1.33, True)
 
@@ -189,12 +190,12 @@ def test_the_codes_reasons_read_back_as_calls_and_as_block_runs(reason):
     stats = stats_of(unmerged_calls=Counter({reason: 2, AUTO_VETO: 1}), unmerged_blocks=Counter({reason: 4, SHAPE: 1}))
     record = round_trip(config_of(), stats, 1, GAINS[3])
     assert record.unmerged_calls == {reason: 2, AUTO_VETO: 1}
-    assert record.unmerged_blocks == {reason: 4, SHAPE: 1, report.ORPHAN_REASON: 1}
+    assert record.unmerged_blocks == {reason: 4, SHAPE: 1, stats_mod.ORPHAN_REASON: 1}
 
 
 def test_orphans_alone_are_their_own_block_reason():
     record = round_trip(config_of(), stats_of(unmerged_blocks=Counter()), 5, None)
-    assert record.unmerged_blocks == {report.ORPHAN_REASON: 5}
+    assert record.unmerged_blocks == {stats_mod.ORPHAN_REASON: 5}
     assert record.status is None  # block hooks ran (as orphans): no bypass
 
 
@@ -202,7 +203,7 @@ def test_orphans_alone_are_their_own_block_reason():
     "",
     "ToMA: merged none of this run's 2 steps",
     "ToMA [fake]: no tokens merged | merged 0/4 steps, 0/4 calls",
-    report.format_report(config_of(), stats_of(), 0).replace("plans built", "plans made"),
+    stats_mod.format_report(config_of(), stats_of(), 0).replace("plans built", "plans made"),
 ])
 def test_what_is_not_a_run_line_is_refused(text):
     with pytest.raises(ValueError):

@@ -8,7 +8,7 @@ The run's sigmas come from ComfyUI's own code on the family's real model_samplin
 (bench/speed/realsize_setup.py: ``calculate_sigmas`` with the workflow's ModelSampling node, or the
 Flux2Scheduler node for Flux.2), the window from that model_sampling's ``percent_to_sigma``, and each
 evaluation is decided by the pack's ``MergeSchedule.decide`` as the APPLY_MODEL wrapper decides it. The
-warning is the node's own (nodes/run/report.py ``schedule_warning``). The speed-up is the real-size cost
+warning is the node's own (nodes/run/stats.py ``schedule_warning``). The speed-up is the real-size cost
 model's (bench/speed/realsize_model.py) from the cached probes; "not probed" where the family has none.
 Settings other than start_percent are the basic node's defaults (nodes/settings.py).
 """
@@ -57,10 +57,10 @@ def window_run(name: str, resolution: str, start_percent: float, steps: int | No
     window = schedule.window(rs.model_sampling(name, resolution).percent_to_sigma)
     merged = [i for i, s in enumerate(sigmas[:-1]) if schedule.decide(s, sigmas, window).merge]
     settings_mod = rs.pack_module("nodes.settings")
-    report = rs.pack_module("nodes.run.report")
+    stats_mod = rs.pack_module("nodes.run.stats")
     node = settings_mod.ToMASettings(ratio=setting.ratio, tile_size=setting.tile_size, schedule=schedule)
-    stats = report.RunStats(total_steps=len(sigmas) - 1, planned_steps=len(merged))
-    return WindowRun(sigmas, window.start_sigma, merged, report.schedule_warning(node, stats))
+    stats = stats_mod.RunStats(total_steps=len(sigmas) - 1, planned_steps=len(merged))
+    return WindowRun(sigmas, window.start_sigma, merged, stats_mod.schedule_warning(node, stats))
 
 
 def steps_text(merged: list[int], steps: int) -> str:

@@ -13,7 +13,7 @@ import torch
 
 from ...toma_core import MergePlan
 from ..machinery.hooks import is_toma, mark
-from ..run.runtime import find_call
+from ..run.current import find_call
 from ..run.wrappers import transformer_options_of
 from ..settings import TOMA_KEY
 from .unet_blocks import BlockId

@@ -52,7 +52,8 @@ from ...toma_core import MergePlan
 from ...toma_core.keys_values import take_span
 from ...toma_core.video import Segment
 from ..contract import Unmerged, layout_changed
-from ..run.runtime import CallContext, compiling, find_call, note_orphan
+from ..run.current import find_call, note_orphan
+from ..run.runtime import CallContext, compiling
 from ..settings import KEYS_VALUES
 from .hooks import MergedBlock
 from .keys_values import Keys, run_with_merged_keys
@@ -69,7 +70,7 @@ R = TypeVar("R")
 def block_context(args: dict, extra: dict | None = None) -> CallContext | None:
     """The running call's CallContext for a block hook; a hook without one is counted as orphan
     (it runs unmerged). transformer_options may be missing from args: a forward loop that calls the
-    blocks itself (TeaCache-style) passes none, and runtime.find_call falls back to the active call."""
+    blocks itself (TeaCache-style) passes none, and current.find_call falls back to the active call."""
     ctx = find_call(args, extra)
     if ctx is None:
         note_orphan("no ToMA call context")

@@ -1,5 +1,5 @@
 """The fixed description of one ToMA patch (`ToMAConfig`), made by patching.patch_model when the
-node runs and read by the per-run state (runtime.py) and the run line (report.py)."""
+node runs and read by the per-run state (runtime.py) and the run line's record (stats.py)."""
 
 from __future__ import annotations
 

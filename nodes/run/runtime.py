@@ -12,9 +12,9 @@ Lifetimes:
   duration of the call. APPLY_MODEL rather than DIFFUSION_MODEL: core TorchCompileModel compiles
   `diffusion_model` (DIFFUSION_MODEL wrappers included) and installs it from an APPLY_MODEL
   wrapper, so decisions made here stay eager and the blocks see only a ready context.
-- The call stack and the run's orphan counter are ContextVars set by the wrappers and reset
-  in their `finally` (also on an interrupt or an error): nothing outlives a call or a run, and
-  samplers in other threads never see them. `live_state` reports what is open now.
+- The call stack and the run's orphan counter (current.py) are ContextVars set by the wrappers
+  and reset in their `finally` (also on an interrupt or an error): nothing outlives a call or a
+  run, and samplers in other threads never see them. `current.live_state` reports what is open now.
 - One run's calls may run in several threads at once: ComfyUI 0.33's MultiGPU CFG Split
   (comfy/samplers.py `_calc_cond_batch_multigpu`) runs each device's calls in a
   comfy/multigpu.py `MultiGPUThreadPool` worker, all with this run's one RunState (the wrapper's
@@ -22,9 +22,10 @@ Lifetimes:
   RunState (counters, plan cache, the timer's reads) holds `RunState.lock`, and a call judges what its own
   blocks did by its CallContext's counts, never by the run's counters moving.
 
-Block hooks find the context with `find_call(args, extra)`, ask it for the plan of their token
+Block hooks find the context with `current.find_call(args, extra)`, ask it for the plan of their token
 grid (`ctx.plan(...)`, every family's one plan builder, built once per key and reused) and report what they did
-(`ctx.record_block(...)`). At the end of the run one `logging.info` line summarises it.
+(`ctx.record_block(...)`, into the run's stats.RunStats). At the end of the run one `logging.info`
+line summarises it (report.py).
 
 Plan reuse across calls (recompute_every > 1, Heun's second evaluation, cond/uncond as separate
 calls) is decided eagerly too: the wrapper hands each call a fresh `ctx.plans` dict, pre-filled
@@ -38,9 +39,7 @@ a kind (empty, or the same keys): no recompile per step or per run.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable
-from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +48,10 @@ import torch
 from ...toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
 from ...toma_core.video import Segment, make_video_plan
 from ..contract import CallGeometry
-from ..settings import CALL_KEY, ToMASettings
+from ..settings import ToMASettings
 from .config import ToMAConfig
 from .gain import CallKey, CallTimer
-from .report import RunStats
+from .stats import RunStats
 
 TORCH_COMPILE_KWARGS = "torch_compile_kwargs"
 """model_options key set by ComfyUI's set_torch_compile_wrapper (TorchCompileModel)."""
@@ -206,99 +205,7 @@ class CallContext:
                 self.state.stats.unmerged_blocks[reason or "unknown"] += 1
 
 
-_CALLS: ContextVar[tuple[CallContext, ...]] = ContextVar("comfyui_toma_calls", default=())
-"""Contexts of the model calls in progress in this thread or task (innermost last): where block hooks
-find their call first (find_call), also when a forward loop calls them without transformer_options
-(TeaCache/MagCache-style). A ContextVar, so two samplers in two threads never see each other's calls."""
-
-_RUN_ORPHANS: ContextVar[Counter | None] = ContextVar("comfyui_toma_run_orphans", default=None)
-"""The running sampling run's count of block runs that found no CallContext, by reason."""
-
-_OPEN = Counter()
-"""Scopes open now in every thread ("runs", "calls"): bookkeeping for `live_state` only."""
-_OPEN_LOCK = threading.Lock()
-
-
-def find_call(args: dict, extra: dict | None = None) -> CallContext | None:
-    """The CallContext of the running model call: the innermost call on this thread's stack, else
-    args["transformer_options"], then extra["transformer_options"] (a block run in another thread
-    than its call); None when there is none.
-
-    The stack comes first because torch.compile guards what the compiled blocks read from it, and
-    not what they read from transformer_options under ComfyUI 0.33's TorchCompileModel, whose
-    `guard_filter_fn` (comfy_extras/nodes_torch_compile.py `skip_torch_compile_dict`) drops every
-    guard on transformer_options: a context read from there would freeze the first call's merge
-    decision into the compiled graph for the whole window."""
-    calls = _CALLS.get()
-    if calls:
-        return calls[-1]
-    for source in (args, extra or {}):
-        options = source.get("transformer_options")
-        if isinstance(options, dict) and isinstance(options.get(CALL_KEY), CallContext):
-            return options[CALL_KEY]
-    return None
-
-
-def note_orphan(reason: str) -> None:
-    """Count a block run of this thread's sampling run that found no call context (none outside a run)."""
-    orphans = _RUN_ORPHANS.get()
-    if orphans is not None and not compiling():
-        orphans[reason] += 1
-
-
 def compiling() -> bool:
     """True while torch.compile traces (blocks then count nothing)."""
     compiler = getattr(torch, "compiler", None)
     return bool(compiler is not None and compiler.is_compiling())
-
-
-def orphan_count() -> int:
-    """Block runs of this thread's sampling run so far that found no call context (0 outside a run)."""
-    orphans = _RUN_ORPHANS.get()
-    return sum(orphans.values()) if orphans is not None else 0
-
-
-def enter_run() -> Token:
-    """Start this thread's orphan count for a sampling run; pass the token to leave_run in `finally`."""
-    _opened("runs", 1)
-    return _RUN_ORPHANS.set(Counter())
-
-
-def leave_run(token: Token) -> int:
-    """End the run begun with enter_run (on every exit path); returns its orphan block runs."""
-    orphans = orphan_count()
-    _RUN_ORPHANS.reset(token)
-    _opened("runs", -1)
-    return orphans
-
-
-def enter_call(ctx: CallContext) -> Token:
-    """Make `ctx` the innermost context of this thread for its model call; pass the token to leave_call."""
-    _opened("calls", 1)
-    return _CALLS.set((*_CALLS.get(), ctx))
-
-
-def leave_call(token: Token) -> None:
-    """End the model call begun with enter_call (in `finally`)."""
-    _CALLS.reset(token)
-    _opened("calls", -1)
-
-
-def _opened(kind: str, delta: int) -> None:
-    with _OPEN_LOCK:
-        _OPEN[kind] += delta
-
-
-def live_state() -> dict[str, int]:
-    """What ToMA's runtime holds now: 0 everywhere when no sampling run is in progress.
-
-    runs / calls: sampling runs and model calls inside ToMA's wrappers, in every thread (readable
-    from any thread, e.g. a server route). thread_runs / thread_calls: the same for the caller's
-    own thread or context (its orphan counter, 0 or 1, and its call stack depth).
-    """
-    with _OPEN_LOCK:
-        runs, calls = _OPEN["runs"], _OPEN["calls"]
-    return {
-        "runs": runs, "calls": calls,
-        "thread_runs": int(_RUN_ORPHANS.get() is not None), "thread_calls": len(_CALLS.get()),
-    }

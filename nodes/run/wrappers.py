@@ -21,19 +21,11 @@ import torch
 from ...toma_core import StepDecision
 from ..contract import CallGeometry
 from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
+from .current import enter_call, enter_run, leave_call, leave_run, orphan_count
 from .gain import auto_call_veto, call_key, measure_gain, warn_if_slower
-from .report import TOMA_RUN, bypassed, run_record, schedule_warning
-from .runtime import (
-    TORCH_COMPILE_KWARGS,
-    CallContext,
-    RunState,
-    compiling,
-    enter_call,
-    enter_run,
-    leave_call,
-    leave_run,
-    orphan_count,
-)
+from .report import TOMA_RUN
+from .runtime import TORCH_COMPILE_KWARGS, CallContext, RunState, compiling
+from .stats import bypassed, run_record, schedule_warning
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ class Toma:
         self.patching = pack_module("nodes.node.patching")
         self.settings = pack_module("nodes.settings")
         self.runtime = pack_module("nodes.run.runtime")
+        self.current = pack_module("nodes.run.current")
         self.core = pack_module("toma_core")
         self.unet = pack_module("nodes.families.unet")
         self.nodes = pack_module("nodes.node.toma_nodes")

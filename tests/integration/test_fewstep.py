@@ -1,7 +1,7 @@
 """The basic node's merge window on few-step runs (bench/speed/fewstep.py): Flux.2 Klein at 4 steps
 (ComfyUI 0.33's Flux2Scheduler) and Z-Image Turbo at 8 (res_multistep, ModelSamplingAuraFlow 3),
 with the sigmas of ComfyUI's own code. Either the window merges a fair share of the run or the
-node's run line warns (nodes/run/report.py schedule_warning). No timing.
+node's run line warns (nodes/run/stats.py schedule_warning). No timing.
 
 Flux2Scheduler, Flux2 and ZImage are new in ComfyUI 0.33: on 0.3.64 these tests skip saying so."""
 
@@ -46,10 +46,10 @@ def test_the_window_merges_exactly_the_steps_whose_sigma_it_holds(comfy: Path, n
 def test_a_few_step_run_at_the_node_defaults_merges_its_share_or_warns(comfy: Path, name: str, steps: int) -> None:
     require_033(name)
     settings = rs.pack_module("nodes.settings")
-    report = rs.pack_module("nodes.run.report")
+    stats_mod = rs.pack_module("nodes.run.stats")
     start = settings.NODE_START_PERCENT
     run = fewstep.window_run(name, "1024", start)
-    fair = len(run.merged_steps) >= report.FEW_STEPS_SHARE * run.steps * (1.0 - start)
+    fair = len(run.merged_steps) >= stats_mod.FEW_STEPS_SHARE * run.steps * (1.0 - start)
     assert fair or (run.warning is not None and "lower start_percent" in run.warning)
     assert fair is (run.warning is None)
 

@@ -146,7 +146,7 @@ def test_each_device_merges_its_own_calls(
     assert (two_run.calls_merged, two_run.total_calls) == (2 * one_run.calls_merged, 2 * one_run.total_calls)
     assert (two_run.steps_merged, two_run.total_steps, two_run.tokens) == (STEPS, STEPS, one_run.tokens)
     assert two_run.plans_built == 2 * one_run.plans_built and not two_run.unmerged_calls and not two_run.unmerged_blocks
-    assert not any(toma.runtime.live_state().values())
+    assert not any(toma.current.live_state().values())
 
 
 def test_a_call_that_runs_no_block_is_told_apart_while_another_device_merges(

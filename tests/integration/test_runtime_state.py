@@ -1,4 +1,4 @@
-"""ToMA's runtime leaves nothing behind (nodes/run/runtime.py `live_state`): two samplers in two threads
+"""ToMA's runtime leaves nothing behind (nodes/run/current.py `live_state`): two samplers in two threads
 at once each merge with their own settings, and a run stopped by an interrupt or by an exception
 inside a block ends with no open run, no open model call and no fallback context.
 
@@ -29,7 +29,7 @@ FACTS = {"a": ({(8, 8): (64, 32)}, "ratio 0.5, tile 4,"), "b": ({(8, 8): (64, 16
 
 
 def idle(toma: Any) -> bool:
-    return not any(toma.runtime.live_state().values())
+    return not any(toma.current.live_state().values())
 
 
 class Gate:
@@ -71,7 +71,7 @@ def test_two_samplers_in_two_threads_keep_their_own_settings(
     hand one thread the other's call (its settings, its plans)."""
     import comfy.sample
 
-    gates = {"a": Gate(toma.runtime.live_state), "b": Gate(toma.runtime.live_state)}
+    gates = {"a": Gate(toma.current.live_state), "b": Gate(toma.current.live_state)}
     bases = {"a": tiny_flux, "b": tiny.build_flux(seed=1)}
     models = {}
     for name, gate in gates.items():
