@@ -4,6 +4,7 @@ start_percent 0, against the unpatched model, in turns. --model wan_shaped (defa
 model (harness/tiny_wan.py WAN_SHAPED: width 256, 4 blocks, latent 7 x 24 x 40 = 1,680 tokens), 4
 steps; wan_fixture: the trained Wan fixture (width 64, 6 blocks, 9 x 32 x 32 latent = 2,304 tokens,
 fixtures/wan.safetensors), 20 steps.
+--scope: the node's scope input, by default the ToMA Patch node's (auto: keys_values on Wan).
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.auto_wan --rounds 7 --threads 1
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.auto_wan --model wan_fixture --rounds 5 --threads 1
@@ -51,16 +52,16 @@ class RunLines(logging.Handler):
             self.records.append(run)
 
 
-def configurations(base: Any) -> dict[str, Any]:
+def configurations(base: Any, scope: str) -> dict[str, Any]:
     """Unpatched, then auto and min_tokens 0 at each start_percent, the other inputs the ToMA Patch
-    node's defaults (nodes/node/toma_nodes.py)."""
+    node's defaults (nodes/node/toma_nodes.py) and `scope` (the node's: "auto")."""
     nodes, patching = pack_module("nodes.node.toma_nodes"), pack_module("nodes.node.patching")
     defaults = {i.id: i.default for i in nodes.ToMAPatch.define_schema().inputs if i.id != "model"}
     assert defaults["start_percent"] == STARTS[0], defaults
     configs = {"unpatched": base}
     for min_tokens in ("auto", 0):
         for start in STARTS:
-            settings = nodes.build_settings(**(defaults | {"start_percent": start}), min_tokens=min_tokens)
+            settings = nodes.build_settings(**(defaults | {"start_percent": start}), min_tokens=min_tokens, scope=scope)
             configs[f"min_tokens {min_tokens}, start_percent {start:g}"] = patching.patch_model(base, settings)
     return configs
 
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="default: 4 (wan_shaped), 20 (wan_fixture)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch default)")
     p.add_argument("--clock", choices=list(timing.CLOCKS), default="wall")
+    p.add_argument("--scope", choices=list(pack_module("nodes.settings").SCOPES), default=pack_module("nodes.settings").NODE_SCOPE,
+                   help="the node's scope input (default: the ToMA Patch node's, auto: keys_values on Wan)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base, latent, positive, negative, steps = model_and_inputs(args.model)
     args.steps = args.steps or steps
-    configs = configurations(base)
+    configs = configurations(base, args.scope)
     lines = RunLines()
     logging.getLogger(f"{PACK_NAME}.nodes.run.wrappers").addHandler(lines)
     logging.getLogger(PACK_NAME).setLevel(logging.INFO)
