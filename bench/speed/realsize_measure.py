@@ -311,7 +311,8 @@ def kv_overhead_ms(grid: rs.Grid, channels: int, heads: int, text: int, ratio: f
     in the keys when `text`): KeysValuesOverride (nodes/machinery/keys_values.py: K and V merged with
     the call's plan, the log-mass channel, the padded q / k / v, the output's slice) around a kernel
     that does no attention, less the same kernel on the unmerged q / k / v (its own output reshape,
-    which an unmerged block pays too). Fastest of `repeats`."""
+    which an unmerged block pays too). Fastest of `repeats`, after one untimed call of each (the first
+    call allocates: without it a cached figure came out up to three times the steady one)."""
     kv = rs.pack_module("nodes.machinery.keys_values")
     features = rs.pack_module("nodes.machinery.runner").features
     n = grid.tokens
@@ -320,6 +321,7 @@ def kv_overhead_ms(grid: rs.Grid, channels: int, heads: int, text: int, ratio: f
     kernel = HeadsFirstZeros()
 
     def fastest(fn: Callable[[], Any]) -> float:
+        fn()
         times = []
         for _ in range(repeats):
             start = clock.now()
