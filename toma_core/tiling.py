@@ -183,8 +183,3 @@ class TileGrid:
             padded = index.topk(self.num_tiles * self.tile_tokens - self.num_tokens, largest=False).indices
             tiles.index_fill_(1, padded, 0.0)
         return tiles.view(x.shape[0], self.num_tiles, self.tile_tokens, x.shape[-1])
-
-    def unfold(self, tiles: torch.Tensor) -> torch.Tensor:
-        """(B, G, n, C) tiles -> (B, N, C) t-major raster tokens (padding dropped): one index_select,
-        not a permute, a crop and a copy."""
-        return tiles.flatten(1, 2).index_select(1, self.unfold_index(tiles.device))
