@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="default: 4 (wan_shaped), 20 (wan_fixture)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch default)")
     p.add_argument("--clock", choices=list(timing.CLOCKS), default="wall")
-    p.add_argument("--scope", choices=list(pack_module("nodes.settings").SCOPES), default=pack_module("nodes.settings").NODE_SCOPE,
+    node = pack_module("nodes.settings")
+    p.add_argument("--scope", choices=list(node.SCOPES), default=node.NODE_SCOPE,
                    help="the node's scope input (default: the ToMA Patch node's, auto: keys_values on Wan)")
     args = p.parse_args(argv)
     if args.threads:
