@@ -46,10 +46,15 @@ def test_readme_is_short_and_generated_sections_live_in_docs():
         assert holders == [document], f"the publish script writes {heading} into the one docs file holding it: {holders}"
 
 
-def test_readme_has_a_what_you_get_section():
+def test_readme_answers_should_i_first_and_keeps_the_tables_in_docs():
+    """Right after the picture the README says whether to use ToMA; the predicted speed-up tables live in
+    docs/what_you_get.md, the README keeps their generated one-row summary."""
     text = README.read_text(encoding="utf-8")
-    start, end = text.index("<!-- what-you-get: start -->"), text.index("<!-- what-you-get: end -->")
-    assert "## What you get" in text[start:end]
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## Should you use it?"
+    start, end = text.index("<!-- what-you-get summary: start -->"), text.index("<!-- what-you-get summary: end -->")
+    assert text.count("\n| ", start, end) == 0 and "x" in text[start:end]
+    assert "<!-- what-you-get: start -->" in (ROOT / "docs" / "what_you_get.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.relative_to(ROOT).as_posix())

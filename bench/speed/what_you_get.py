@@ -1,13 +1,14 @@
-"""The README's "What you get" table, generated from the real-size cost model's cached probes and the
-defaults search's fixture record.
+"""docs/what_you_get.md's predicted speed-up table and the README's one-row summary of it, generated from
+the real-size cost model's cached probes and the defaults search's fixture record.
 
-    python -m bench.speed.what_you_get            # print the generated part
-    python -m bench.speed.what_you_get --write    # rewrite it in README.md
-    python -m bench.speed.what_you_get --check    # exit 1 when README.md's differs
+    python -m bench.speed.what_you_get            # print the generated parts
+    python -m bench.speed.what_you_get --write    # rewrite them in docs/what_you_get.md and README.md
+    python -m bench.speed.what_you_get --check    # exit 1 when either differs
 
-The generated part runs from the README's `<!-- what-you-get: start -->` marker to its
-`<!-- what-you-get: generated above -->` marker (heading, intro, table, note); the advice after it is
-written by hand. Speed-ups: bench/speed/realsize_model.py `predict` (CPU ratios, one thread) on each
+The table runs from docs/what_you_get.md's `<!-- what-you-get: start -->` marker to its
+`<!-- what-you-get: generated above -->` marker (heading, intro, table, note); the per-family advice after
+it is written by hand. The README's summary (between its `<!-- what-you-get summary: ... -->` markers) is
+the defaults column of SUMMARY's rows. Speed-ups: bench/speed/realsize_model.py `predict` (CPU ratios, one thread) on each
 run as its ComfyUI template sets it up (bench/speed/realsize_setup.py FAMILIES); the block-merge
 columns at ratio 0.5, the keys/values columns at ratio 0.75, both at the node's tile 8 except Flux.1-dev
 and SDXL's start 0.25 and every-step columns at tile 4, the settings the defaults search sampled on
@@ -31,8 +32,14 @@ from . import defaults_search, realsize
 from . import realsize_model as model
 from . import realsize_setup as rs
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README, TABLE = ROOT / "README.md", ROOT / "docs" / "what_you_get.md"
 START, END = "<!-- what-you-get: start -->", "<!-- what-you-get: generated above -->"
+SUMMARY_START, SUMMARY_END = "<!-- what-you-get summary: start -->", "<!-- what-you-get summary: end -->"
+
+SUMMARY = ("Flux.1-dev (20 steps)", "SDXL (30 steps, CFG)", "Wan 2.2 14B (20 steps, CFG), 81 frames",
+           "Wan 2.2 14B + LightX2V (4 steps, cfg 1), 81 frames")
+"""The rows whose defaults column the README's summary quotes."""
 
 COLUMNS = ("defaults: 0.5, start 0.4, scope auto", "block 0.5, start 0.25", "block 0.5, every step",
            "keys_values 0.75, start 0.4", "keys_values 0.75, every step")
@@ -116,11 +123,11 @@ def quality_cells(quality: dict) -> list[str]:
 
 def section(cache: dict, quality: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> str:
     lines = [
-        START, "## What you get", "",
+        START, "## Predicted speed-ups", "",
         ("Predicted end-to-end speed-up of a sampling run (model calls only) from real-width block timings on this project's CPU, runs as "
         "ComfyUI's templates set them up, merging whole blocks (`scope` block) or only attention's keys and values (`scope` keys_values, "
         "every query kept); the defaults at the scope `scope` auto runs (keys_values on HunyuanVideo, Wan and Kandinsky 5, block elsewhere); "
-        "how, and the defaults search: [docs/realsize.md](docs/realsize.md) ([docs/defaults.md](docs/defaults.md))."), "",
+        "how, and the defaults search: [realsize.md](realsize.md) ([defaults.md](defaults.md))."), "",
         "| model (run) | size | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS),
     ]
     lines += [f"| {r.label} | {r.size} | " + " | ".join(speed_cells(r, cache, plans, kvs)) + " |" for r in rows()]
@@ -133,35 +140,46 @@ def section(cache: dict, quality: dict, plans: realsize.PlanTimes, kvs: realsize
     return "\n".join(lines)
 
 
-def replace(text: str, generated: str) -> str:
-    """README text with the part from START to END (both included) replaced by `generated`."""
-    start, end = text.index(START), text.index(END) + len(END)
-    return text[:start] + generated + text[end:]
+def summary(cache: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> str:
+    """The README's summary: SUMMARY's rows at the node's defaults, between the summary markers."""
+    cells = [f"{r.label} at {r.size}: **{speed_cells(r, cache, plans, kvs)[0]}**" for r in rows() if r.label in SUMMARY]
+    return "\n".join([SUMMARY_START, ("Predicted speed-up of a whole run at the node's defaults (PyTorch SDPA, "
+                                      "real-width block timings on a CPU): " + "; ".join(cells) + "."), SUMMARY_END])
+
+
+def part(text: str, start: str, end: str) -> str:
+    """The part of `text` from marker `start` to marker `end`, both included."""
+    return text[text.index(start):text.index(end) + len(end)]
+
+
+def replace(text: str, generated: str, start: str = START, end: str = END) -> str:
+    """`text` with the part from `start` to `end` (both included) replaced by `generated`."""
+    return text.replace(part(text, start, end), generated)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--write", action="store_true", help="rewrite the generated part of README.md")
-    p.add_argument("--check", action="store_true", help="exit 1 when README.md's generated part differs")
+    p.add_argument("--write", action="store_true", help="rewrite the generated parts of docs/what_you_get.md and README.md")
+    p.add_argument("--check", action="store_true", help="exit 1 when a generated part differs")
     p.add_argument("--cache", type=Path, default=realsize.CACHE)
     args = p.parse_args(argv)
     rs.import_comfy()
     cache = realsize.load_cache(args.cache)
     plans, kvs = realsize.PlanTimes(cache, "cpu"), realsize.KvTimes(cache, "cpu")
     quality = defaults_search.merge_quality([json.loads(defaults_search.QUALITY.read_text())])
-    generated = section(cache, quality, plans, kvs)
+    generated, short = section(cache, quality, plans, kvs), summary(cache, plans, kvs)
     if plans.timed or kvs.timed:
         realsize.save_cache(args.cache, cache)
-    text = README.read_text(encoding="utf-8")
+    table, readme = TABLE.read_text(encoding="utf-8"), README.read_text(encoding="utf-8")
     if args.check:
-        current = text[text.index(START):text.index(END) + len(END)]
-        if current != generated:
-            print("README.md's What you get differs from `python -m bench.speed.what_you_get`", file=sys.stderr)
+        if part(table, START, END) != generated or part(readme, SUMMARY_START, SUMMARY_END) != short:
+            print("docs/what_you_get.md or README.md differ from `python -m bench.speed.what_you_get`", file=sys.stderr)
             return 1
         return 0
     if args.write:
-        README.write_text(replace(text, generated), encoding="utf-8")
-    print(generated)
+        TABLE.write_text(replace(table, generated), encoding="utf-8")
+        README.write_text(replace(readme, short, SUMMARY_START, SUMMARY_END), encoding="utf-8")
+    print(generated, short, sep="\n\n")
     return 0
 
 
