@@ -5,8 +5,8 @@ adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`
 model's view of it (the family's CostModel, run/prediction.py), says once what it changes in the settings, and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
-on it; the input model is never modified. Under ComfyUI's MultiGPU CFG Split each device's model
-copy gets the family's hooks bound to its own blocks (`install_device_clones`).
+on it; the input model is never modified. Under ComfyUI's MultiGPU CFG Split and Select Model Device
+each device's model copy gets the family's hooks bound to its own blocks (`install_device_clones`).
 """
 
 from __future__ import annotations
@@ -55,27 +55,34 @@ def install_runtime(model, config: ToMAConfig) -> None:
     model.add_wrapper_with_key(wrappers.APPLY_MODEL, TOMA_KEY, apply_model_wrapper)
 
 
-def install_device_clones(model, family: Family, settings: ToMASettings) -> None:
-    """Re-apply the family's hooks to each device's model copy of ComfyUI's MultiGPU CFG Split.
+DEVICE_COPY_CALLBACKS = ("ON_MATCH_MULTIGPU_CLONES", "ON_DEEPCLONE_MULTIGPU")
+"""comfy.patcher_extension.CallbacksMP names fired, (source patcher, new patcher), when ComfyUI 0.33
+makes a patcher around another copy of the model (comfy/model_patcher.py `match_multigpu_clones`,
+`deepclone_multigpu`)."""
 
-    comfy/model_patcher.py `ModelPatcher.match_multigpu_clones` (run by the MultiGPU node and again by
-    every sampling run, comfy/sampler_helpers.py `_prepare_sampling`) makes each device's patcher a
-    clone of this one around that device's own model: it copies this patcher's object patches, which
-    families with forward patches (the UNet, Lumina2, HiDream, Kandinsky 5, Qwen-Image, Flux.2) bind to this
-    model's block modules: every device would run this model's blocks (on two GPUs, weights on
-    another device than the call's tokens). The ON_MATCH_MULTIGPU_CLONES callbacks receive each new
-    device patcher before it loads; re-applying the family there (idempotent: it replaces ToMA's own
-    patches) binds them to that copy's blocks.
-    ComfyUI without MultiGPU (0.3.64) has no such callback, and nothing to do.
+
+def install_device_clones(model, family: Family, settings: ToMASettings) -> None:
+    """Re-apply the family's hooks to every patcher ComfyUI 0.33 makes around another model copy.
+
+    Each such patcher is a clone of this one around its own model: it copies this patcher's object
+    patches, which families with forward patches (the UNet, Lumina2 / Z-Image, HiDream, Kandinsky 5,
+    Qwen-Image, Flux.2) bind to this model's block modules, so without re-binding it would run this
+    model's blocks (on two GPUs, weights on another device than the call's tokens). Two ComfyUI
+    paths make one: comfy/model_patcher.py `ModelPatcher.match_multigpu_clones` (MultiGPU CFG Split,
+    and again every sampling run, comfy/sampler_helpers.py `_prepare_sampling`) fires
+    ON_MATCH_MULTIGPU_CLONES; `deepclone_multigpu` alone (Select Model Device on another GPU,
+    comfy_extras/nodes_multigpu.py `_retarget_patcher`, a fresh model from the loader's factory)
+    fires ON_DEEPCLONE_MULTIGPU. Both callbacks get the new patcher before it loads; re-applying the
+    family there (idempotent: it replaces ToMA's own patches) binds them to that copy's blocks.
+    ComfyUI without them (0.3.64) has no model copies, and nothing to do.
     """
     import comfy.patcher_extension
 
-    kind = getattr(comfy.patcher_extension.CallbacksMP, "ON_MATCH_MULTIGPU_CLONES", None)
-    if kind is None:
-        return
+    def rebind(_source, device_copy) -> None:
+        apply_family(family, device_copy, settings)
 
-    def on_match(_main, device_clone) -> None:
-        apply_family(family, device_clone, settings)
-
-    model.remove_callbacks_with_key(kind, TOMA_KEY)
-    model.add_callback_with_key(kind, TOMA_KEY, on_match)
+    for name in DEVICE_COPY_CALLBACKS:
+        kind = getattr(comfy.patcher_extension.CallbacksMP, name, None)
+        if kind is not None:
+            model.remove_callbacks_with_key(kind, TOMA_KEY)
+            model.add_callback_with_key(kind, TOMA_KEY, rebind)

@@ -14,8 +14,14 @@ to float noise (relative to what ToMA changes against the unpatched latent); eac
 its own device's model (forward pre-hooks on the blocks' layers tell which model's layers ran in
 which thread) on merged tokens (the layers' inputs have the run line's kept counts D, not N); the
 one run line counts both devices' calls and block runs once (each device ran the single-device
-run's block runs; calls of batch 1 instead of one of batch 2). ComfyUI before 0.33 (0.3.64) has no
-MultiGPU CFG Split: the tests skip there.
+run's block runs; calls of batch 1 instead of one of batch 2).
+
+Select Model Device (comfy_extras/nodes_multigpu.py) on another device than the model's also loads
+a fresh model through the factory (`ModelPatcher.deepclone_multigpu`), which copies ToMA's object
+patches, bound to the input model's blocks, and fires ON_DEEPCLONE_MULTIGPU only: with ToMA
+before it, the new model's blocks must still run on its own layers (which model's layers ran, and
+the latent of ToMA on an independently loaded model). ComfyUI before 0.33 (0.3.64) has neither
+node: the tests skip there.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ log = logging.getLogger(__name__)
 from compat_support import FLUX_TEXT, RUNTIME_LOGGER, run_records, sample_with_noise  # noqa: E402
 
 from harness.pack import pack_module  # noqa: E402
+from harness import tiny_dits, tiny_models  # noqa: E402
 from harness.tiny_models import FLUX_LATENT, UNET_LATENT  # noqa: E402
 
 STEPS = 4
@@ -177,3 +184,76 @@ def test_a_call_that_runs_no_block_is_told_apart_while_another_device_merges(
     idle = pack_module("nodes.run.wrappers").IDLE_CALL
     assert run.unmerged_calls == {idle: STEPS}, run
     assert (run.calls_merged, run.total_calls, run.block_runs_merged) == (STEPS, 2 * STEPS, STEPS * 4), run
+
+
+SELECTED = {
+    "sdxl": (tiny_models.build_sdxl, UNET_LATENT, None),
+    "lumina2": (tiny_dits.build_lumina, (1, 16, 16, 16), lambda: (tiny_dits.conditioning("lumina2", 1), tiny_dits.conditioning("lumina2", 2))),
+}
+"""Per family whose ToMA hooks are object patches bound to block modules: builder, latent, and its
+conditioning (None: tiny_models' random one)."""
+
+FILE_SEED, MEMORY_SEED = 0, 1
+"""The weights the factory loads (the loader's file) and the input model's: different, so the
+latent tells whose layers ran."""
+
+
+@pytest.fixture
+def node_multigpu(comfy: Any) -> Any:
+    """ComfyUI 0.33's comfy_extras/nodes_multigpu.py (skips on a ComfyUI without it)."""
+    if importlib.util.find_spec("comfy_extras.nodes_multigpu") is None:
+        pytest.skip("this ComfyUI has no Select Model Device (comfy_extras/nodes_multigpu.py, ComfyUI 0.33 and later)")
+    return importlib.import_module("comfy_extras.nodes_multigpu")
+
+
+def select_model_device(node_multigpu: Any, model: Any, device: Any) -> Any:
+    """What Select Model Device (`SelectModelDeviceNode.execute`) returns for a GPU other than the
+    model's: the node's own steps for that choice, in its order. The node itself takes any device of
+    type "cpu" for its "cpu" choice (no new model), so the test runs its GPU path directly."""
+    model = model.clone()
+    node_multigpu._remember_base_devices(model)
+    model = node_multigpu._retarget_patcher(model, device, model.model._select_base_offload_device)
+    node_multigpu._force_supported_compute_dtype(model, device)
+    node_multigpu._prune_multigpu_collision(model, model.load_device)
+    return model
+
+
+def layers_reached(patched: Any, models: dict[str, Any]) -> tuple[Counter, list[Any]]:
+    """Forward pre-hooks on the Linear layers inside the blocks `patched` object-patches, in each
+    named model: the counter of calls per model name (filled as they run), and the hook handles."""
+    paths = [key.removeprefix("diffusion_model.").removesuffix(".forward") for key in patched.object_patches if key.endswith(".forward")]
+    assert paths, "no block forward is object-patched"
+    reached: Counter = Counter()
+    handles = []
+    for name, model in models.items():
+        dm = model.model.diffusion_model
+        for path in paths:
+            for layer in dm.get_submodule(path).modules():
+                if isinstance(layer, torch.nn.Linear):
+                    handles.append(layer.register_forward_pre_hook(lambda *_, name=name: reached.update([name])))
+    return reached, handles
+
+
+@pytest.mark.parametrize("toma_first", [True, False], ids=["toma-then-select", "select-then-toma"])
+@pytest.mark.parametrize("family", list(SELECTED))
+def test_select_model_device_runs_its_own_model(family: str, toma_first: bool, node_multigpu: Any, two_devices: list[Any], tiny: Any, toma: Any) -> None:
+    """ToMA Patch before or after Select Model Device (another device): the selected model is a fresh
+    load, and its ToMA-patched blocks run its own layers, never the input model's; its latent is
+    ToMA's on an independently loaded model (the factory's weights differ from the input model's)."""
+    build, latent, make_conds = SELECTED[family]
+    base = build(MEMORY_SEED)
+    base.cached_patcher_init = (build, (FILE_SEED,))
+    selected = select_model_device(node_multigpu, toma.patch(base), two_devices[1]) if toma_first else toma.patch(select_model_device(node_multigpu, base, two_devices[1]))
+    assert selected.load_device == two_devices[1] and selected.model is not base.model
+    pos, neg = make_conds() if make_conds else (None, None)
+    reached, handles = layers_reached(selected, {"input": base, "selected": selected})
+    try:
+        out = tiny.sample(selected, latent, positive=pos, negative=neg, steps=2)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert reached["selected"] > 0 and reached["input"] == 0, dict(reached)
+    reference = tiny.sample(toma.patch(build(FILE_SEED)), latent, positive=pos, negative=neg, steps=2)
+    plain = tiny.sample(build(FILE_SEED), latent, positive=pos, negative=neg, steps=2)
+    assert not torch.equal(reference, plain)  # ToMA changed the latent
+    assert torch.equal(out, reference)
