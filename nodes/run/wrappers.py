@@ -270,7 +270,7 @@ def _drop(record: logging.LogRecord) -> bool:
 
 @contextmanager
 def unlogged_runs() -> Iterator[None]:
-    """Inside the block, ToMA's runs log nothing (run line, warnings, auto's measurements): for a
+    """Inside the block, ToMA's runs log no run line and none of this module's or gain.py's warnings: for a
     run that is not the user's, such as ToMA Compare's warm-up (compare.py `timed`), whose line
     would stand beside the timed run's, about a run of one step with no unmerged call to measure
     (so with the cost model's figures where the timed run has measured ones)."""
