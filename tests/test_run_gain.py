@@ -335,6 +335,18 @@ def test_merged_calls_stay_measured_and_a_stop_is_final():
     assert record.auto == (gain_mod.Measured(1680, 1, 2.0 / 2.9, 1.24, False),)
 
 
+def test_what_auto_measured_is_told_in_the_run_line_only(caplog):
+    """One info line per run: auto's measurement goes to the debug log as it decides and to the
+    run line (outer_sample_wrapper logs it when the run ends), never to an info line of its own."""
+    with caplog.at_level(logging.DEBUG, logger=PACK_NAME):
+        _, record = close_run(WAN_SHAPED, SHAPED_LATENT, 0.0, merged_s=1.32, unmerged_s=1.0)
+    (measured,) = record.auto
+    told = [r for r in caplog.records if r.name.startswith(PACK_NAME)]
+    assert [r.getMessage() for r in told if r.levelno >= logging.INFO] == []
+    assert [r.getMessage() for r in told] == [f"ToMA: {measured.text()}"]
+    assert measured.text() in record.line()
+
+
 @pytest.mark.parametrize("profile, latent, merges", [
     (prediction_mod.CostProfile(WAN_SHAPED.blocks, 256, 0.5, 16), SHAPED_LATENT, True),  # the Wan-shaped model at tile 4: 1.66x
     (prediction_mod.CostProfile((cost.BlockCost(64, 4, merged=True),), 64, 0.5), (2, 4, 8, 8), False),  # width 64, 64 tokens: 0.71x

@@ -103,8 +103,9 @@ def synchronize(device: torch.device) -> str:
 def timed(sampling: Sampling, label: str, model, steps: int, callback: Callable) -> Sampled:
     """One run of `model`, timed after its warm-up: the run's last step alone, which loads the model
     with its patches and runs a call of this size (the last step lies inside a ToMA window that ends
-    at 1, so merged calls warm up too)."""
-    sampling.run(model, steps, start_step=steps - 1)
+    at 1, so merged calls warm up too). The warm-up logs no run line: the timed run's is the run's."""
+    with wrappers.unlogged_runs():
+        sampling.run(model, steps, start_step=steps - 1)
     with toma_run_lines() as lines:
         how = synchronize(model.load_device)
         start = time.perf_counter()

@@ -206,7 +206,8 @@ class ToMAPatchAdvanced(io.ComfyNode):
         """ComfyUI's check of a queued prompt (comfy_api io.ComfyNode.validate_inputs; execution.validate_inputs):
         a bad `blocks` or `min_tokens` refuses the prompt (HTTP 400 from /prompt) before any model loads,
         with the message the node would raise when it runs (input_checks.py). Only the inputs named here
-        skip ComfyUI's own checks, and text inputs have none."""
+        skip ComfyUI's own checks, and text inputs have none. ComfyUI marks every input named here with
+        the text returned (one validate_inputs per node), so each message starts with its input's name."""
         return "; ".join(queued_input_errors(blocks, min_tokens)) or True
 
     @classmethod

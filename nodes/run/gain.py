@@ -142,8 +142,8 @@ class CallTimer:
             timing = verdict is None or verdict.measured is None
             decided = judge(not timing and verdict.merge, *self.finished(key, wait=timing))
             if timing or not decided.merge:  # kept: the measurement that decided, until merging stops
-                if decided.measured is not None:
-                    log.info("ToMA: %s", Measured(key[1], key[0], decided.measured, predicted, decided.merge).text())
+                if decided.measured is not None:  # debug: the run line states it (`measured`), one info line per run
+                    log.debug("ToMA: %s", Measured(key[1], key[0], decided.measured, predicted, decided.merge).text())
                 self.verdicts[key], self.predicted[key] = decided, predicted
                 verdict = decided
         if verdict.merge:

@@ -14,7 +14,8 @@ per-call state of runtime.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -23,6 +24,7 @@ from ..contract import CallGeometry
 from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
 from .current import enter_call, enter_run, leave_call, leave_run, orphan_count
 from .gain import auto_call_veto, call_key, measure_gain, warn_if_slower
+from .gain import log as gain_log
 from .report import TOMA_RUN
 from .runtime import TORCH_COMPILE_KWARGS, CallContext, RunState, compiling
 from .stats import bypassed, run_record, schedule_warning
@@ -260,3 +262,23 @@ def _warn_bypass(state: RunState, orphans: int) -> None:
             "ToMA: the model ran %d merge-eligible calls but none of ToMA's block hooks ran; another "
             "node replaced the model's forward loop and ToMA had no effect", state.stats.eligible_calls,
         )
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
+
+
+@contextmanager
+def unlogged_runs() -> Iterator[None]:
+    """Inside the block, ToMA's runs log no run line and none of this module's or gain.py's warnings: for a
+    run that is not the user's, such as ToMA Compare's warm-up (compare.py `timed`), whose line
+    would stand beside the timed run's, about a run of one step with no unmerged call to measure
+    (so with the cost model's figures where the timed run has measured ones)."""
+    loggers = (log, gain_log)
+    for logger in loggers:
+        logger.addFilter(_drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_drop)

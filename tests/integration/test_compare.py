@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from compat_support import patch
+from compat_support import RUNTIME_LOGGER, patch, run_records
 
 from harness.pack import pack_module
 
@@ -72,6 +72,11 @@ def check_report(report: str, family: str, runs: tuple[str, ...] = ("unpatched",
     return table
 
 
+def line_of(caplog) -> str:
+    (line,) = [r.getMessage() for r in caplog.records if r.name == RUNTIME_LOGGER and r.levelno == logging.INFO]
+    return line
+
+
 def plain(tiny, model, latent, steps, positive, negative) -> torch.Tensor:
     return tiny.sample(model, latent_image=latent.clone(), seed=7, steps=steps, cfg=1.0, positive=positive, negative=negative)
 
@@ -82,6 +87,8 @@ def test_flux_comparison_runs_what_a_ksampler_runs(compare, toma, tiny, tiny_flu
     positive, negative = tiny.make_conditioning(tiny_flux, 1), tiny.make_conditioning(tiny_flux, 2)
     latent = torch.zeros(tiny.FLUX_LATENT)
     picture, report, unpatched, toma_images, fewer = run_node(compare, tiny_flux, merged, positive, negative, latent, taesd)
+    (run,) = run_records(caplog)  # the timed ToMA run's line alone: the warm-up logs none
+    assert run.total_steps == run.steps_merged == STEPS and f"ToMA's run line: {line_of(caplog)}" in report
 
     table = check_report(report, "flux")
     fewer_steps = table["fewer steps"][0]

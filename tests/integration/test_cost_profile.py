@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness.pack import pack_module
+from harness.pack import PACK_NAME, pack_module
 
 FLUX_DEV = {"image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096,
             "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19, "depth_single_blocks": 38,
@@ -86,7 +86,8 @@ def wan_shaped_run(caplog: pytest.LogCaptureFixture, start_percent: float, **inp
     """A 4-step, cfg 1 run of the Wan-shaped model through ToMA at the ToMA Patch node's defaults
     (min_tokens "auto") but scope block, whose prediction here sits just above break-even (the
     node's auto runs keys_values on Wan, predicted 0.95x: docs/advice.md), at `start_percent` and
-    with other `inputs`: its latent and run record."""
+    with other `inputs`: its latent and run record. The run logs one info line, its run line (what
+    auto measured is in it, not on a line of its own)."""
     from compat_support import RUNTIME_LOGGER, run_records
 
     from harness import tiny_models, tiny_wan
@@ -98,8 +99,11 @@ def wan_shaped_run(caplog: pytest.LogCaptureFixture, start_percent: float, **inp
     model = patching.patch_model(tiny_wan.build_wan("t2v", **tiny_wan.WAN_SHAPED), toma)
     latent = tiny_wan.WAN_SHAPED_LATENT
     positive = tiny_wan.conditioning(model, 1, latent)
-    with caplog.at_level(logging.INFO, logger=RUNTIME_LOGGER):
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=PACK_NAME):
         out = tiny_models.sample(model, latent, steps=4, cfg=1.0, positive=positive, negative=positive)
+    info = [r for r in caplog.records if r.name.startswith(PACK_NAME) and r.levelno == logging.INFO]
+    assert [r.name for r in info] == [RUNTIME_LOGGER], "one info line per run, its run line: " + "\n".join(r.getMessage() for r in info)
     return out, run_records(caplog)[-1]
 
 

@@ -3,6 +3,8 @@ a real ComfyUI server (the shared ``live_server``, live_comfy.py) answers ``/pro
 and our node's message, before any model loads (the node's ``validate_inputs``,
 nodes/node/input_checks.py). The loader names an empty file: a prompt that got past validation
 would fail loading it, which the accepted prompt here shows (so the refused ones never reached it).
+Which inputs the answer marks: every one validate_inputs takes (ONE_CHECK_PER_NODE), each with the
+messages of the bad ones only; the per-input marking the node cannot get from ComfyUI is a strict xfail.
 """
 
 from __future__ import annotations
@@ -90,6 +92,57 @@ def test_a_bad_value_is_refused_when_queued_with_the_nodes_message(live_server, 
         assert str(error.value) in told
     if "blocks" in values:  # the run-time message on Flux, up to the groups it names
         assert flux_error(values["blocks"]).split("; ")[0] in told
+
+
+PER_WIDGET = [{"blocks": "triple:1"}, {"min_tokens": "many"}, {"blocks": "double:a", "min_tokens": "lots"}]
+"""A bad `blocks` alone, a bad `min_tokens` alone, both bad."""
+
+CHECKED = ("blocks", "min_tokens")
+"""The inputs the Advanced node's validate_inputs takes (toma_nodes.py)."""
+
+ONE_CHECK_PER_NODE = (
+    "ComfyUI's execution.validate_inputs (0.3.64 and 0.33) reports what a node's validate_inputs returns under "
+    "every input that function takes, and a node has one validate_inputs: a bad min_tokens marks blocks too"
+)
+
+
+def flagged(answer: dict[str, Any]) -> dict[str, str]:
+    """Input name -> what /prompt's answer says under it for the ToMA node (its details after "<input> - ")."""
+    told = {}
+    for error in answer["node_errors"][TOMA]["errors"]:
+        name = error["extra_info"]["input_name"]
+        assert error["type"] == "custom_validation_failed" and error["details"].startswith(f"{name} - "), error
+        assert name not in told, answer
+        told[name] = error["details"].removeprefix(f"{name} - ")
+    return told
+
+
+def messages_of(values: dict[str, str]) -> dict[str, str]:
+    """Each bad input's own message (input_checks.queued_input_errors of that input alone)."""
+    alone = dict.fromkeys(CHECKED)
+    return {name: checks.queued_input_errors(**(alone | {name: value}))[0] for name, value in values.items()}
+
+
+def refused(live_server, advanced_defaults, never_loaded, values) -> dict[str, str]:
+    status, answer = queue(live_server, prompt(advanced_defaults, never_loaded, **values))
+    assert status == 400 and list(answer["node_errors"]) == [TOMA], answer
+    return flagged(answer)
+
+
+@pytest.mark.parametrize("values", PER_WIDGET, ids=lambda v: ",".join(v))
+def test_the_answer_holds_the_bad_inputs_messages_alone_each_naming_its_input(live_server, advanced_defaults, never_loaded, values):
+    """What /prompt answers on both trees: the messages of the bad inputs only, each starting with
+    its input's name and value, under each input validate_inputs takes (ONE_CHECK_PER_NODE)."""
+    told = refused(live_server, advanced_defaults, never_loaded, values)
+    messages = messages_of(values)
+    assert all(message.startswith(f"{name}=") for name, message in messages.items()), messages
+    assert told == dict.fromkeys(CHECKED, "; ".join(messages[name] for name in CHECKED if name in messages))
+
+
+@pytest.mark.xfail(strict=True, reason=ONE_CHECK_PER_NODE)
+@pytest.mark.parametrize("values", PER_WIDGET, ids=lambda v: ",".join(v))
+def test_each_bad_input_is_flagged_under_its_own_name_only(live_server, advanced_defaults, never_loaded, values):
+    assert refused(live_server, advanced_defaults, never_loaded, values) == messages_of(values)
 
 
 def test_good_values_pass_and_the_run_fails_only_at_loading(live_server, advanced_defaults, never_loaded):
