@@ -60,12 +60,15 @@ class Calls:
 
 @dataclass(frozen=True)
 class Accuracy:
-    """One shape: the prediction, the measured ratio with its relative uncertainty, the call counts."""
+    """One shape: the prediction with the range the model's error leaves it in (low, high), the measured
+    ratio with its relative uncertainty, the calls timed and their median ms."""
 
     name: str
     scope: str
     shape: tuple[int, int, int]
     predicted: float
+    low: float
+    high: float
     measured: float
     uncertainty: float
     calls: int
@@ -174,7 +177,8 @@ def measure(
     profile = cost_profile(patched)
     merged_scope = next(b.scope for b in profile.blocks if b.merged)
     merged, unmerged = statistics.median(calls.merged), statistics.median(calls.unmerged)
-    return Accuracy(name, merged_scope, calls.shape, profile.speedup(tokens, others, "cpu", batch), unmerged / merged,
+    prediction = profile.predict(tokens, others, "cpu", batch)
+    return Accuracy(name, merged_scope, calls.shape, prediction.speedup, prediction.low, prediction.high, unmerged / merged,
                     uncertainty(calls), len(calls.merged) + len(calls.unmerged), merged * 1000, unmerged * 1000)
 
 

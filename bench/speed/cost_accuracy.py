@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     from harness import call_ratio
 
     load = os.getloadavg()[0]
-    print("| shape | scope | call (tokens, text, batch) | predicted | measured | error | merged / unmerged ms | calls |")
+    print("| shape | scope | call (tokens, text, batch) | predicted (range) | measured | error | merged / unmerged ms | calls |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for shape, scope in CASES:
         base, run = call_ratio.shape_setup(shape)
         a = call_ratio.measure(shape, base, run, scope, settle=args.settle, budget_s=args.budget)
-        print(f"| {shape} | {scope} ({a.scope}) | {a.shape} | {a.predicted:.2f}x | {a.measured:.2f}x +-{a.uncertainty:.0%} | "
+        print(f"| {shape} | {scope} ({a.scope}) | {a.shape} | {a.predicted:.2f}x ({a.low:.2f}-{a.high:.2f}) | {a.measured:.2f}x +-{a.uncertainty:.0%} | "
               f"{a.error:+.0%} | {a.merged_ms:.1f} / {a.unmerged_ms:.1f} | {a.calls} |", flush=True)
     print(f"\nComfyUI {comfy_env.comfy_version(root)}, CPU, fp32, one thread; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}.")
     return 0
