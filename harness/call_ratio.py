@@ -153,11 +153,13 @@ PINNED_THRESHOLD = 1 << 28
 
 def measure(
     name: str, base: Any, run: Callable[[Any], Any], scope: str = "auto", settle: float = 0.04,
-    budget_s: float = 12.0, min_runs: int = 2,
+    budget_s: float = 12.0, min_runs: int = 2, pin: bool = True,
 ) -> Accuracy:
     """Prediction and measurement of `base`'s calls at `scope`: `run(patched)` samples once; more
-    runs until the measured ratio's uncertainty is within `settle` or `budget_s` CPU seconds pass."""
-    pin_allocator()
+    runs until the measured ratio's uncertainty is within `settle` or `budget_s` CPU seconds pass.
+    pin: pin the allocator first (pin_allocator; False measures the process as it is)."""
+    if pin:
+        pin_allocator()
     patched = patch_alternating(base, scope)
     calls: Calls = patched.toma_calls
     start, runs = time.thread_time(), 0

@@ -25,10 +25,10 @@ LINEAR_UNET = 36.0
 ATTENTION = 4.0
 """Flops per L^2 C of self-attention (Q K^T and A V)."""
 
-SCORE = 64.0
+SCORE = 128.0
 """Flop-equivalents per attention score (per query, key and head): its softmax, a few memory-bound
-passes over the scores, which matter in narrow heads (SCORE / e per flop of channel: +50 % at e 32,
-+12.5 % at 128); fitted with LAUNCH["cpu"] and CALL_OPS to CALL_CALIBRATION (the Wan fixture's
+passes over the scores, which matter in narrow heads (SCORE / e beside ATTENTION's 4 per query, key
+and channel: +100 % at e 32, +25 % at 128); fitted with LAUNCH["cpu"] and CALL_OPS to CALL_CALIBRATION (the Wan fixture's
 heads of 32 gain more from merging than the Wan-shaped model's heads of 128)."""
 
 CALIBRATION = (
@@ -50,12 +50,12 @@ MOVE = 1000.0
 """Flop-equivalents per image token and channel of one merged block's merge + unmerge + residual
 (memory-bound); fitted to CALIBRATION."""
 
-KV_MERGE = 2.8
+KV_MERGE = 3.6
 """Flop-equivalents per image token, channel and tile destination of a keys/values block's K / V merge
 (two (k, n) @ (n, C) matmuls per tile: 4 k flops per token and channel at the matmuls' best rate,
 below it in flop-equivalents); fitted with KV_MOVE to KV_CALIBRATION."""
 
-KV_MOVE = 770.0
+KV_MOVE = 990.0
 """Flop-equivalents per image token and channel of a keys/values block's copies: the tiles folded, the
 rows around the merged ones, q / k / v padded to e' and the output's e channels taken back
 (memory-bound at a real width: about 15 ns per token and channel on one thread); fitted with KV_MERGE
@@ -80,15 +80,15 @@ and of Wan 14B (5120) / Kandinsky 5 Video Lite (1792) / Pro (4096) in the node's
 alone, tiles of 4 frames), tile 8, one thread, process CPU clock, fastest of 3. keys_values_flops' merge
 term is within a factor 2 of each (tests/test_cost.py); a block's attention is 100-1000 times longer."""
 
-PLAN_MOVES = 0.5
+PLAN_MOVES = 0.64
 """A call's plan costs this many MOVE passes over its image tokens (features, assignment), once per
 call, besides its similarities and greedy (plan_flops); fitted with GREEDY to PLAN_CALIBRATION (in
 flop-equivalents at LAUNCH["cpu"]'s rate)."""
 
-LAUNCH = {"cpu": 3.5e5, "cuda": 1.6e9}
-"""Flop-equivalents of one kernel launch by device type: ~7 us per op at ~50 GFLOP/s (one thread of
+LAUNCH = {"cpu": 4.5e5, "cuda": 1.6e9}
+"""Flop-equivalents of one kernel launch by device type: ~7 us per op at ~64 GFLOP/s (one thread of
 this project's CPU, fp32; the rate fitted with CALL_OPS and SCORE to CALL_CALIBRATION, where the
-unmerged calls' predicted times come within 0.9-1.2x of the measured ones at widths 64 and 256), ~8 us
+unmerged calls' predicted times come within 0.8-1.0x of the measured ones at widths 64 and 256), ~8 us
 of PyTorch's eager dispatch at ~200 TFLOP/s achieved (a data-centre GPU in bf16). Other devices: as
 "cuda". The plan and keys/values constants fitted to times in ms (PLAN_CALIBRATION, KV_CALIBRATION)
 are in flop-equivalents at this rate."""
@@ -103,22 +103,22 @@ CALL_OPS = 1000
 """Launches of a model call's work outside its transformer blocks (embeddings, positions, the head,
 ComfyUI's apply_model), about 7 ms on a CPU; a GPU overlaps them with its queued work, so only a
 SERIAL device counts them. Fitted with LAUNCH["cpu"] and SCORE to CALL_CALIBRATION (the tiny Flux's
-call measures 24 ms where its blocks are predicted 14 ms)."""
+call measures 25-27 ms where its blocks are predicted 14 ms)."""
 
 CALL_CALIBRATION = (
     {"shape": "wan_fixture", "width": 64, "head": 32, "blocks": (4, 2), "scope": "keys_values", "tokens": 2304,
-     "others": 8, "batch": 1, "tile_tokens": 256, "measured": (0.99, 1.02)},
+     "others": 8, "batch": 1, "tile_tokens": 256, "measured": (0.99, 1.02, 0.99)},
     {"shape": "wan_fixture", "width": 64, "head": 32, "blocks": (4, 2), "scope": "block", "tokens": 2304,
-     "others": 8, "batch": 1, "tile_tokens": 256, "measured": (1.33, 1.32)},
+     "others": 8, "batch": 1, "tile_tokens": 256, "measured": (1.33, 1.32, 1.36)},
     {"shape": "wan_shaped", "width": 256, "head": 128, "blocks": (3, 1), "scope": "keys_values", "tokens": 1680,
-     "others": 19, "batch": 1, "tile_tokens": 256, "measured": (0.94, 0.92)},
+     "others": 19, "batch": 1, "tile_tokens": 256, "measured": (0.94, 0.92, 0.94)},
     {"shape": "wan_shaped", "width": 256, "head": 128, "blocks": (3, 1), "scope": "block", "tokens": 1680,
-     "others": 19, "batch": 1, "tile_tokens": 256, "measured": (1.27, 1.31)},
+     "others": 19, "batch": 1, "tile_tokens": 256, "measured": (1.27, 1.31, 1.24)},
     {"shape": "flux", "width": 64, "head": 16, "blocks": (4, 0), "scope": "block", "tokens": 64,
-     "others": 256, "batch": 2, "tile_tokens": 64, "measured": (0.88, 0.88)},
+     "others": 256, "batch": 2, "tile_tokens": 64, "measured": (0.88, 0.88, 0.87)},
 )
 """Measured merged-vs-unmerged call ratios (unmerged / merged median call time) that LAUNCH["cpu"],
-CALL_OPS and SCORE are fitted to, two runs each: `OMP_NUM_THREADS=1 python -m bench.speed.cost_accuracy`
+CALL_OPS and SCORE are fitted to, three runs each: `OMP_NUM_THREADS=1 python -m bench.speed.cost_accuracy`
 (harness/call_ratio.py: the ToMA Patch node's defaults, ratio 0.5, tile 8 x 4 frames, blocks auto,
 forced to merge every other step; this thread's CPU clock, the allocator pinned; docs/advice.md).
 Shapes (harness/call_ratio.py SHAPES): the trained Wan fixture (width 64, heads of 32, 4 of 6 blocks
@@ -143,7 +143,7 @@ HEAD_WIDTH = 128
 PLAN_OPS = 40
 """Launches of one plan besides the greedy's iterations: features, tile similarities, the assignment."""
 
-GREEDY = 35.0
+GREEDY = 45.0
 """Flop-equivalents per similarity entry and greedy iteration of facility location (toma_core/facility.py:
 each of its k iterations reads the (G, n, n) tile similarities a few times, memory-bound); fitted to PLAN_CALIBRATION
 (in flop-equivalents at LAUNCH["cpu"]'s rate)."""

@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=float, default=20.0, help="CPU seconds per case at most")
     p.add_argument("--settle", type=float, default=0.03, help="stop adding runs once the ratio's uncertainty is within this")
+    p.add_argument("--cases", nargs="+", default=None, metavar="SHAPE:SCOPE",
+                   help="only these cases, e.g. wan_fixture:block flux:auto (default: all)")
+    p.add_argument("--allocator", choices=["pinned", "default"], default="pinned",
+                   help="default: leave glibc's dynamic mmap threshold as it is (unpinned calls do not repeat run to run)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     root = comfy_env.import_comfy()
@@ -39,12 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print("| shape | scope | call (tokens, text, batch) | predicted (range) | measured | error | merged / unmerged ms | calls |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
-    for shape, scope in CASES:
+    cases = [tuple(c.split(":")) for c in args.cases] if args.cases else CASES
+    for shape, scope in cases:
         base, run = call_ratio.shape_setup(shape)
-        a = call_ratio.measure(shape, base, run, scope, settle=args.settle, budget_s=args.budget)
+        a = call_ratio.measure(shape, base, run, scope, settle=args.settle, budget_s=args.budget, pin=args.allocator == "pinned")
         print(f"| {shape} | {scope} ({a.scope}) | {a.shape} | {a.predicted:.2f}x ({a.low:.2f}-{a.high:.2f}) | {a.measured:.2f}x +-{a.uncertainty:.0%} | "
               f"{a.error:+.0%} | {a.merged_ms:.1f} / {a.unmerged_ms:.1f} | {a.calls} |", flush=True)
-    print(f"\nComfyUI {comfy_env.comfy_version(root)}, CPU, fp32, one thread; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}.")
+    print(f"\nComfyUI {comfy_env.comfy_version(root)}, CPU, fp32, one thread, allocator {args.allocator}; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}.")
     return 0
 
 
