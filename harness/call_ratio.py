@@ -46,15 +46,21 @@ class Calls:
     merged: list[float] = field(default_factory=list)
     unmerged: list[float] = field(default_factory=list)
     shape: tuple[int, int, int] | None = None
+    runs: list[float] = field(default_factory=list)
     _run: list[tuple[bool, float]] = field(default_factory=list)
 
     def end_run(self) -> None:
-        """Keep the run's calls but the first of each kind (warm-up)."""
+        """Keep the run's calls but the first of each kind (warm-up), and the run's own ratio (`runs`)."""
         seen: set[bool] = set()
+        kept: dict[bool, list[float]] = {True: [], False: []}
         for merged, seconds in self._run:
             if merged in seen:
-                (self.merged if merged else self.unmerged).append(seconds)
+                kept[merged].append(seconds)
             seen.add(merged)
+        self.merged += kept[True]
+        self.unmerged += kept[False]
+        if kept[True] and kept[False]:
+            self.runs.append(statistics.median(kept[False]) / statistics.median(kept[True]))
         self._run.clear()
 
 
@@ -74,6 +80,7 @@ class Accuracy:
     calls: int
     merged_ms: float
     unmerged_ms: float
+    runs: tuple[float, ...] = ()
 
     @property
     def error(self) -> float:
@@ -181,7 +188,7 @@ def measure(
     merged, unmerged = statistics.median(calls.merged), statistics.median(calls.unmerged)
     prediction = profile.predict(tokens, others, "cpu", batch)
     return Accuracy(name, merged_scope, calls.shape, prediction.speedup, prediction.low, prediction.high, unmerged / merged,
-                    uncertainty(calls), len(calls.merged) + len(calls.unmerged), merged * 1000, unmerged * 1000)
+                    uncertainty(calls), len(calls.merged) + len(calls.unmerged), merged * 1000, unmerged * 1000, tuple(calls.runs))
 
 
 def uncertainty(calls: Calls) -> float:

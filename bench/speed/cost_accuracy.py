@@ -41,14 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     from harness import call_ratio
 
     load = os.getloadavg()[0]
-    print("| shape | scope | call (tokens, text, batch) | predicted (range) | measured | error | merged / unmerged ms | calls |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    print("| shape | scope | call (tokens, text, batch) | predicted (range) | measured | error | merged / unmerged ms | calls | runs' own ratios |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
     cases = [tuple(c.split(":")) for c in args.cases] if args.cases else CASES
     for shape, scope in cases:
         base, run = call_ratio.shape_setup(shape)
         a = call_ratio.measure(shape, base, run, scope, settle=args.settle, budget_s=args.budget, pin=args.allocator == "pinned")
         print(f"| {shape} | {scope} ({a.scope}) | {a.shape} | {a.predicted:.2f}x ({a.low:.2f}-{a.high:.2f}) | {a.measured:.2f}x +-{a.uncertainty:.0%} | "
-              f"{a.error:+.0%} | {a.merged_ms:.1f} / {a.unmerged_ms:.1f} | {a.calls} |", flush=True)
+              f"{a.error:+.0%} | {a.merged_ms:.1f} / {a.unmerged_ms:.1f} | {a.calls} | "
+              f"{min(a.runs):.2f}-{max(a.runs):.2f}x ({len(a.runs)} runs) |", flush=True)
     print(f"\nComfyUI {comfy_env.comfy_version(root)}, CPU, fp32, one thread, allocator {args.allocator}; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}.")
     return 0
 
