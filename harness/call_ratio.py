@@ -4,15 +4,15 @@ bench/speed/cost_accuracy.py).
 
 A shape's model is patched at the ToMA Patch node's defaults (ratio, tile, tile frames, blocks
 "auto"), with the scope asked for ("auto": the family's, as the node), every call eligible
-(start_percent 0, min_tokens 0: forced, as the issue's "forced to merge" run) and merge_every 2, so
+(start_percent 0, min_tokens 0: merging forced) and merge_every 2, so
 that one sampling run alternates merged and unmerged calls of one shape: merged and unmerged repeats
 are interleaved, and a load on the shared machine hits both alike. Each call is timed on this
 thread's CPU clock (time.thread_time: waiting for a core does not count; torch on one thread runs its
 ops in this thread) by an APPLY_MODEL wrapper inside the pack's own, which reads the call's
 CallContext (merged or not, its geometry, batch). The first merged and unmerged call of each run are
 warm-up and dropped. Before each run Python's garbage is collected and the live objects frozen
-(gc.freeze): a full collection would otherwise walk every object of ComfyUI and torch, and it comes at
-the same allocation count, so on the same call of every identical run, loading one kind of call only.
+(gc.freeze), so that a full collection, which would walk every object of ComfyUI and torch, cannot
+land inside a timed call; glibc's allocator thresholds are pinned (`pin_allocator`).
 
 Measured ratio: median unmerged over median merged call time. Its uncertainty: the median's notch
 (McGill, Tukey and Larsen 1978: +-1.57 IQR / sqrt(n), about a 95 % interval) of both medians, added
