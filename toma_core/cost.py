@@ -33,8 +33,10 @@ greedy, whose k = n (1 - ratio) iterations each read the (G, n, n) similarities 
 grows as N n^2 with the tile's n = tile_size^2 x tile_frames tokens: a plan at tile 8 x 4 frames
 (n 256) costs about 250 times the greedy work per token of one at tile 4 (n 16).
 
-Cross-attention to the text (UNet, Wan) and the per-sample modulation are left out: under 2 % of a
-real block.
+Attention's rate per query, key and channel is ATTENTION plus SCORE / e (`attention_rate`): each score's
+softmax, which weighs in narrow heads. A call's work outside its blocks (embeddings, the head) is
+CALL_OPS launches on a CPU (on a GPU it overlaps the queued kernels). Cross-attention to the text
+(UNet, Wan) and the per-sample modulation are left out: under 2 % of a real block.
 
 The constants, and the measurements the fitted ones are fitted to, are in cost_constants.py.
 
@@ -50,6 +52,7 @@ from .cost_constants import (
     ATTENTION,
     BLOCK_ERROR,
     BLOCK_OPS,
+    CALL_OPS,
     CALIBRATED,
     GREEDY,
     GREEDY_OPS,
@@ -65,6 +68,7 @@ from .cost_constants import (
     PLAN_ERROR,
     PLAN_MOVES,
     PLAN_OPS,
+    SCORE,
     SERIAL,
     TILE_TOKENS,
 )
@@ -73,6 +77,13 @@ from .cost_constants import (
 def padded_head(size: int) -> int:
     """e' = e + 1 rounded up to HEAD_MULTIPLE: the head size that holds the keys/values scope's log-mass channel."""
     return -(-(size + 1) // HEAD_MULTIPLE) * HEAD_MULTIPLE
+
+
+def attention_rate(head: int, padded: int | None = None) -> float:
+    """Flop-equivalents per query, key and channel of self-attention in heads of e = `head` channels:
+    ATTENTION for Q K^T and A V (on e' = `padded` channels, default e), plus SCORE per score (its
+    softmax) spread over the head's e channels: narrow heads pay more per flop."""
+    return ATTENTION * (padded or head) / head + SCORE / head
 
 
 def launch_cost(device: str) -> float:
@@ -117,7 +128,7 @@ def block_flops(block: BlockCost, tokens: float, others: float, attended: float 
     extra = others if block.joint else 0.0
     work = block.linear * (tokens + extra) * block.width ** 2
     if block.attention:
-        work += ATTENTION * ((tokens if attended is None else attended) + extra) ** 2 * block.width
+        work += attention_rate(block.head) * ((tokens if attended is None else attended) + extra) ** 2 * block.width
     return work
 
 
@@ -142,8 +153,8 @@ def keys_values_flops(block: BlockCost, tokens: float, others: float, kept: floa
     extra = others if block.joint else 0.0
     work = block.linear * (tokens + extra) * block.width ** 2
     if block.attention:
-        padding = padded_head(block.head) / block.head
-        work += ATTENTION * (tokens + extra) * (tokens * kept + extra) * block.width * padding
+        rate = attention_rate(block.head, padded_head(block.head))
+        work += rate * (tokens + extra) * (tokens * kept + extra) * block.width
     destinations = max(1.0, min(tile_tokens, tokens) * kept)
     return work + (KV_MERGE * destinations + KV_MOVE) * tokens * block.width
 
@@ -182,7 +193,8 @@ def call_parts(
     """Predicted time, by part, of one call of batch `batch` on `device` with N = `tokens` image
     tokens and `others` text / pass-through tokens per sample; merged blocks keep the share `kept`
     = D / N of their tokens (1 = unmerged), their plan tiles hold `tile_tokens` tokens."""
-    plain = merged = plan = 0.0
+    plain = CALL_OPS * launch_cost(device) if device in SERIAL else 0.0
+    merged = plan = 0.0
     for block in blocks:
         if block.count == 0:
             continue

@@ -1,9 +1,10 @@
 """min_tokens "auto" on real-size models: the cost profile read from ComfyUI's own full-size model
 classes, built on torch's meta device (no weights, no compute), merges the calls users run at
 1024 px and leaves the small ones unmerged where merging would not pay. And on a real sampling run
-of the Wan-shaped model (harness/tiny_wan.py WAN_SHAPED), whose prediction at the node's tiles is
-close to break-even: the run measures and its line says what it decided (either outcome: CPU timing
-is noisy), while far from break-even (tile 4) runs are deterministic.
+of the Wan-shaped model (harness/tiny_wan.py WAN_SHAPED), whose prediction at the node's defaults
+(scope keys_values, tiles 8 x 8 x 4 frames) is close to break-even: the run measures and its line says
+what it decided (either outcome: CPU timing is noisy), while far from break-even (scope block, tile 4)
+runs are deterministic.
 
 Configs: Flux.1-dev (hidden 3072, 19 + 38 blocks) and SDXL (320 channels, transformer depth 2 / 10)
 as ComfyUI's model detection reads them from the released checkpoints."""
@@ -82,12 +83,12 @@ def test_a_real_size_video_model_merges_at_the_node_tiles(comfy: Any) -> None:
     assert wan.auto_veto(runtime.CallGeometry(30, 52, 512, frames=21), "cpu", 2) is None
 
 
-def wan_shaped_run(caplog: pytest.LogCaptureFixture, start_percent: float, **inputs: Any) -> tuple[Any, Any]:
+def wan_shaped_run(caplog: pytest.LogCaptureFixture, start_percent: float, scope: str, **inputs: Any) -> tuple[Any, Any]:
     """A 4-step, cfg 1 run of the Wan-shaped model through ToMA at the ToMA Patch node's defaults
-    (min_tokens "auto") but scope block, whose prediction here sits just above break-even (the
-    node's auto runs keys_values on Wan, predicted 0.95x: docs/advice.md), at `start_percent` and
-    with other `inputs`: its latent and run record. The run logs one info line, its run line (what
-    auto measured is in it, not on a line of its own)."""
+    (min_tokens "auto") at `scope` ("auto": keys_values on Wan, whose prediction here is within the
+    cost model's error of break-even, docs/advice.md), at `start_percent` and with other `inputs`: its
+    latent and run record. The run logs one info line, its run line (what auto measured is in it, not
+    on a line of its own)."""
     from compat_support import RUNTIME_LOGGER, run_records
 
     from harness import tiny_models, tiny_wan
@@ -95,7 +96,7 @@ def wan_shaped_run(caplog: pytest.LogCaptureFixture, start_percent: float, **inp
     nodes, patching = pack_module("nodes.node.toma_nodes"), pack_module("nodes.node.patching")
     settings = pack_module("nodes.settings")
     defaults = {i.id: i.default for i in nodes.ToMAPatch.define_schema().inputs if i.id != "model"}
-    toma = nodes.build_settings(**(defaults | {"start_percent": start_percent} | inputs), min_tokens=settings.NODE_MIN_TOKENS, scope="block")
+    toma = nodes.build_settings(**(defaults | {"start_percent": start_percent} | inputs), min_tokens=settings.NODE_MIN_TOKENS, scope=scope)
     model = patching.patch_model(tiny_wan.build_wan("t2v", **tiny_wan.WAN_SHAPED), toma)
     latent = tiny_wan.WAN_SHAPED_LATENT
     positive = tiny_wan.conditioning(model, 1, latent)
@@ -111,9 +112,9 @@ def wan_shaped_run(caplog: pytest.LogCaptureFixture, start_percent: float, **inp
 def test_near_break_even_a_measurement_decides_and_the_run_line_says_so(comfy: Any, caplog: pytest.LogCaptureFixture, start: float) -> None:
     gain, settings = pack_module("nodes.run.gain"), pack_module("nodes.settings")
     assert start in (settings.NODE_START_PERCENT, 0.0)
-    _, record = wan_shaped_run(caplog, start)
+    _, record = wan_shaped_run(caplog, start, settings.NODE_SCOPE)
     (measured,) = record.auto
-    assert (measured.tokens, measured.batch) == (1680, 1) and 1.05 <= measured.predicted < 1.5
+    assert (measured.tokens, measured.batch) == (1680, 1) and measured.predicted is not None
     timed = record.unmerged_calls.get(gain.AUTO_TIMING, 0)
     eligible = 4 if start == 0 else 2  # 4 steps; the node's window (start 0.4) holds the last two
     assert timed == (1 if start == 0 else 0) and record.unmerged_calls.get("outside the sigma window", 0) == 4 - eligible
@@ -124,13 +125,13 @@ def test_near_break_even_a_measurement_decides_and_the_run_line_says_so(comfy: A
 
 
 def test_far_from_break_even_runs_are_deterministic(comfy: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Tile 4 x 4, one frame: the plan is small, every call is predicted to gain beyond the model's
-    error, so every call merges and no clock is asked: two runs give the same latent and line."""
+    """Scope block, tile 4 x 4, one frame: the plan is small, every call is predicted to gain beyond
+    the model's error, so every call merges and no clock is asked: two runs give the same latent and line."""
     import torch
     from compat_support import without_gain
 
-    first, record = wan_shaped_run(caplog, 0.0, tile_size=4, tile_frames=1)
-    second, again = wan_shaped_run(caplog, 0.0, tile_size=4, tile_frames=1)
+    first, record = wan_shaped_run(caplog, 0.0, "block", tile_size=4, tile_frames=1)
+    second, again = wan_shaped_run(caplog, 0.0, "block", tile_size=4, tile_frames=1)
     assert torch.equal(first, second)
     assert not record.auto and record.calls_merged == 4 and not record.unmerged_calls
     assert without_gain(record) == without_gain(again)
