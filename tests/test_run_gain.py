@@ -342,7 +342,7 @@ def test_what_auto_measured_is_told_in_the_run_line_only(caplog):
     """One info line per run: auto's measurement goes to the debug log as it decides and to the
     run line (outer_sample_wrapper logs it when the run ends), never to an info line of its own."""
     with caplog.at_level(logging.DEBUG, logger=PACK_NAME):
-        _, record = close_run(WAN_SHAPED, SHAPED_LATENT, 0.0, merged_s=1.32, unmerged_s=1.0)
+        _, record = close_run(WAN_BLOCK, FIXTURE_LATENT, 0.0, merged_s=1.32, unmerged_s=1.0)
     (measured,) = record.auto
     told = [r for r in caplog.records if r.name.startswith(PACK_NAME)]
     assert [r.getMessage() for r in told if r.levelno >= logging.INFO] == []
