@@ -99,7 +99,7 @@ def compare(sampling: Sampling, vae, steps: int, model, toma_model, step_cache_m
     ran = _merged(contenders[1], toma_model, node)
     runs = timed_runs(contenders, flat, ran)
     conclusion = verdict(*runs[:3], ran)
-    timing = _timing(contenders[0].how, repeats, contenders[2] is not contenders[0]) + _repeats_note(contenders[1])
+    timing = _timing(contenders[0].how, repeats, contenders) + _repeats_note(contenders[1])
     lines = contenders[1].lines[0] if contenders[1].lines else []
     text = report(runs, _setup(sampling, steps, clips[0]), timing, lines, conclusion)
     header = [ran.text()] if ran is not None and ran.text() else []
@@ -108,15 +108,15 @@ def compare(sampling: Sampling, vae, steps: int, model, toma_model, step_cache_m
 
 
 def sample_runs(sampling: Sampling, steps: int, model, toma_model, step_cache_model=None, repeats: int = DEFAULT_REPEATS) -> list[Contender]:
-    """The contenders, timed in `repeats` interleaved rounds (compare_timing.interleaved): unpatched,
-    ToMA, the fewer steps that take ToMA's median time in those rounds (the unpatched run itself when
-    ToMA saved less than a step or merged nothing), and the step cache when given."""
+    """The contenders, timed in interleaved rounds (compare_timing.interleaved): unpatched, ToMA, the
+    fewer steps that take ToMA's median time in the first rounds (the unpatched run itself when ToMA
+    saved less than a step or merged nothing), and the step cache when given."""
     import comfy.utils
 
     contenders = [Contender("unpatched", model, steps), Contender("ToMA", toma_model, steps)]
     if step_cache_model is not None:
         contenders.append(Contender("step cache", step_cache_model, steps))
-    progress = comfy.utils.ProgressBar(steps * repeats * (len(contenders) + 2))
+    progress = comfy.utils.ProgressBar(steps * repeats * (2 * len(contenders) + 1))
 
     def step(*_) -> None:  # comfy.sample's per-step callback (step, x0, x, total_steps)
         progress.update(1)
@@ -175,14 +175,14 @@ def _setup(sampling: Sampling, steps: int, clip: torch.Tensor) -> str:
             f"cfg {sampling.cfg:g}, {size}, batch {batch}; PSNR / SSIM of the decoded images against the unpatched run{pooled}.")
 
 
-def _timing(how: str, repeats: int, beside_fewer: bool) -> str:
-    rounds = (f"the median of {repeats} runs each, interleaved (every round runs each contender once, in turn; "
-              "the spread is the fastest to the slowest run)")
-    if beside_fewer:
-        rounds += (f"; the fewer steps take ToMA's median time in the first {repeats} rounds, then {repeats} more rounds "
-                   "run ToMA and the fewer steps in turn (ToMA's median is of both)")
-    return (f"Timing: sampling only (not decoding), {rounds}; each run after a one-step warm-up of the same model "
-            f"that is not counted (model loading, first-call set-up); {how}.")
+def _timing(how: str, repeats: int, contenders: list[Contender]) -> str:
+    """How the runs were timed; `contenders` as compare_timing.interleaved returns them."""
+    rounds = f"{repeats} rounds of the unpatched and ToMA runs, one of each in turn"
+    if len(contenders[0].times) > repeats:
+        rounds += f", whose medians set the fewer steps, then {repeats} rounds of every run"
+    return (f"Timing: sampling only (not decoding); each time is the median of a run's repeats, the spread the fastest to "
+            f"the slowest: {rounds}; each run after a one-step warm-up of the same model that is not counted (model "
+            f"loading, first-call set-up); {how}.")
 
 
 def check_models(model, toma_model, step_cache_model=None) -> None:

@@ -1,7 +1,7 @@
 """How the ToMA Compare node times its runs: in rounds, each round running every contender once in
-turn (unpatched, ToMA, step cache; then ToMA and the fewer steps that take its time), so that a
-machine that speeds up or slows down during the comparison (clocks, other work, a shared CPU)
-weighs on the contenders it compares alike; each run
+turn (unpatched and ToMA; then also the fewer steps that take ToMA's time and the step cache), so
+that a machine that speeds up or slows down during the comparison (clocks, other work, a shared
+CPU) weighs on the contenders it compares alike; each run
 after a one-step warm-up of the same model that is not counted (loading the weights, switching
 patches, first-call set-up), with the device synchronised before and after. A contender's time is
 the median of its rounds (compare_report.TimedRun). The samples kept are each contender's first
@@ -72,20 +72,21 @@ def time_once(sampling, contender: Contender, callback: Callable) -> None:
 
 def interleaved(sampling, repeats: int, contenders: list[Contender], fewer: Callable[[Contender, Contender], Contender],
                 callback: Callable) -> list[Contender]:
-    """`repeats` rounds over `contenders` (unpatched, ToMA[, step cache]); then `fewer(unpatched, toma)`
-    makes the fewer-steps contender from those times (the unpatched one itself when it would run no
-    fewer steps), and `repeats` rounds of ToMA and it follow, so that the two meet at equal time
-    measured side by side (ToMA's times are both phases'). Returns the contenders in the report's
-    order: unpatched, ToMA, fewer steps[, step cache]."""
-    for _ in range(repeats):
-        for contender in contenders:
-            time_once(sampling, contender, callback)
+    """`repeats` rounds of the unpatched and ToMA runs (the first two `contenders`); `fewer(unpatched,
+    toma)` then makes the fewer-steps contender from their times (the unpatched one itself when it
+    would run no fewer steps); then `repeats` rounds of every contender (the fewer steps third), so
+    that each pair the verdict compares was also measured side by side; skipped when they would
+    only repeat the first rounds. Returns the contenders in the report's order: unpatched, ToMA,
+    fewer steps[, step cache]."""
     unpatched, toma, *rest = contenders
+    for _ in range(repeats):
+        for contender in (unpatched, toma):
+            time_once(sampling, contender, callback)
     short = fewer(unpatched, toma)
-    if short is not unpatched:
-        for _ in range(repeats):
-            for contender in (toma, short):
-                time_once(sampling, contender, callback)
+    others = ([short] if short is not unpatched else []) + rest
+    for _ in range(repeats if others else 0):
+        for contender in (unpatched, toma, *others):
+            time_once(sampling, contender, callback)
     return [unpatched, toma, short, *rest]
 
 

@@ -75,7 +75,7 @@ def check_report(report: str, family: str, runs: tuple[str, ...] = ("unpatched",
     assert math.isfinite(psnr_of(table["ToMA"][3])), "ToMA merged every step at min_tokens 0: its image must differ"
     assert [line for line in report.splitlines() if line.startswith("Verdict:")] == [report.splitlines()[-1]], report
     assert f"ToMA's run line: ToMA [{family}]: " in report, report
-    assert "warm-up" in report and "not counted" in report and f"median of {REPEATS} runs each, interleaved" in report
+    assert "warm-up" in report and "not counted" in report and "the median of a run's repeats" in report
     assert "merged nothing" not in report and "merged only" not in report, report
     return table
 
@@ -172,3 +172,39 @@ def test_repeats_out_of_range_are_refused(compare, toma, tiny, tiny_flux, taesd)
     cond = tiny.make_conditioning(tiny_flux, 1)
     with pytest.raises(ValueError, match="repeats=0 is outside the allowed range 1 - 20"):
         run_node(compare, tiny_flux, merged, cond, cond, torch.zeros(tiny.FLUX_LATENT), taesd, repeats=0)
+
+
+class Recorder:
+    """Sampling that records each timed run (model name, steps) and each warm-up (start_step given)."""
+
+    def __init__(self) -> None:
+        self.timed: list[tuple[str, int]] = []
+        self.warmed: list[str] = []
+
+    def run(self, model, steps, start_step=None, callback=None):
+        if start_step is None:
+            self.timed.append((model.name, steps))
+        else:
+            self.warmed.append(model.name)
+        return torch.zeros(1)
+
+
+def test_runs_are_timed_in_interleaved_rounds_each_after_its_warm_up(comfy):
+    timing = pack_module("nodes.node.compare_timing")
+
+    def model(name):
+        return type("Model", (), {"name": name, "load_device": torch.device("cpu")})()
+
+    unpatched, toma, cache = (timing.Contender(name, model(name), 4) for name in ("unpatched", "ToMA", "cache"))
+    sampling = Recorder()
+    runs = timing.interleaved(sampling, 3, [unpatched, toma, cache], lambda u, t: timing.Contender("fewer", model("fewer"), 3), lambda *_: None)
+    first, then = [("unpatched", 4), ("ToMA", 4)], [("unpatched", 4), ("ToMA", 4), ("fewer", 3), ("cache", 4)]
+    assert sampling.timed == first * 3 + then * 3
+    assert sampling.warmed == [name for name, _ in sampling.timed], "a warm-up before every timed run"
+    assert [run.label for run in runs] == ["unpatched", "ToMA", "fewer", "cache"]
+    assert [len(run.times) for run in runs] == [6, 6, 3, 3]
+
+    alone = Recorder()
+    unpatched, toma = (timing.Contender(name, model(name), 4) for name in ("unpatched", "ToMA"))
+    runs = timing.interleaved(alone, 2, [unpatched, toma], lambda u, t: u, lambda *_: None)
+    assert alone.timed == first * 2 and runs[2] is unpatched, "no step to drop: no second rounds"
