@@ -180,7 +180,7 @@ def test_toma_that_merged_nothing_says_so_first_and_competes_not():
 def test_toma_that_merged_few_steps_says_so_before_the_contest():
     line = report.verdict(*runs(31.0, 7.5, 28.0, 7.6), merged(3))
     assert line.startswith("Verdict: ToMA merged only 3 of 20 steps (24 of 40")
-    assert line.index("To merge more: set min_tokens") < line.index("ToMA wins at equal time")
+    assert line.index("To merge more: set min_tokens") < line.index(". ToMA wins at equal time")
     assert report.verdict(*runs(31.0, 7.5, 28.0, 7.6), merged(12)).startswith("Verdict: ToMA wins"), "merged as planned"
 
 
@@ -220,12 +220,20 @@ def grid():
 
 
 def test_images_sit_side_by_side_with_text_underneath(grid):
-    panels = [(images(i, (1, 64, 48, 3)), f"run {i}") for i in range(3)]
+    panels = [(images(i, (1, 64, 128, 3)), f"run {i}") for i in range(3)]
     picture = grid.comparison_picture(panels, ["Verdict: ...", "Timing: ..."])
     _, height, width, channels = picture.shape
-    assert (width, channels) == (3 * 48 + 2 * grid.GAP, 3) and height > 64
-    assert torch.equal(picture[0, :64, :48], (panels[0][0][0] * 255 + 0.5).to(torch.uint8).float() / 255)
+    assert (width, channels) == (3 * 128 + 2 * grid.GAP, 3) and height > 64
+    assert torch.equal(picture[0, :64, :128], (panels[0][0][0] * 255 + 0.5).to(torch.uint8).float() / 255)
     assert picture[0, 64:].std() > 0, "no caption drawn under the images"
+
+
+def test_a_small_image_is_enlarged_to_hold_its_caption(grid):
+    panels = [(images(i, (1, 20, 48, 3)), f"run {i}") for i in range(3)]
+    picture = grid.comparison_picture(panels, ["Verdict: ..."])
+    assert picture.shape[2] == 3 * 48 * 3 + 2 * grid.GAP, "48 px enlarged 3 times: at least MIN_WIDTH"
+    enlarged = (panels[0][0][0] * 255 + 0.5).to(torch.uint8).float() / 255
+    assert torch.equal(picture[0, :60, :144], enlarged.repeat_interleave(3, 0).repeat_interleave(3, 1))
 
 
 def test_a_video_shows_a_strip_of_frames_per_run_one_under_the_other(grid):
@@ -250,10 +258,11 @@ def test_a_number_never_parts_from_its_unit_when_captions_wrap(grid):
         assert " ".join(lines) == caption
         for line, following in zip(lines, lines[1:]):
             assert not (grid.NUMBER.fullmatch(line.split()[-1]) and grid.UNIT.fullmatch(following.split()[0])), (width, lines)
+            assert line.split()[-1] not in grid.LABELS, (width, lines)
 
 
 def test_a_header_goes_above_the_images(grid):
-    panels = [(images(i, (1, 64, 48, 3)), f"run {i}") for i in range(3)]
+    panels = [(images(i, (1, 64, 128, 3)), f"run {i}") for i in range(3)]
     plain = grid.comparison_picture(panels, ["Verdict: ..."])
     headed = grid.comparison_picture(panels, ["Verdict: ..."], ["ToMA merged nothing: 0 of 20 steps"])
     rise = headed.shape[1] - plain.shape[1]

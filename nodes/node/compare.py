@@ -99,10 +99,11 @@ def compare(sampling: Sampling, vae, steps: int, model, toma_model, step_cache_m
     ran = _merged(contenders[1], toma_model, node)
     runs = timed_runs(contenders, flat, ran)
     conclusion = verdict(*runs[:3], ran)
-    timing = _timing(contenders[0].how, repeats, contenders) + _repeats_note(contenders[1])
+    unsteady = _repeats_note(contenders[1])
+    timing = _timing(contenders[0].how, repeats, contenders) + (f" {unsteady}" if unsteady else "")
     lines = contenders[1].lines[0] if contenders[1].lines else []
     text = report(runs, _setup(sampling, steps, clips[0]), timing, lines, conclusion)
-    header = [ran.text()] if ran is not None and ran.text() else []
+    header = [line for line in (ran.text() if ran is not None else None, unsteady) if line]
     picture = comparison_picture([(clip[0], run_text(run, runs[0])) for clip, run in zip(clips, runs)], [conclusion, timing], header)
     return Comparison(picture, text, flat)
 
@@ -163,8 +164,8 @@ def _repeats_note(toma: Contender) -> str:
     counts = [sum(record.steps_merged for record in records) for records in toma.records]
     if len(set(counts)) < 2:
         return ""
-    return (f" ToMA's timed runs merged {', '.join(map(str, counts))} steps (min_tokens auto decides by timing "
-            "in each run); its image and run line are the first run's.")
+    return (f"ToMA's timed runs merged different steps ({', '.join(map(str, counts))}: min_tokens auto decides by "
+            "timing in each run), so its time mixes them; its image and run line are the first run's.")
 
 
 def _setup(sampling: Sampling, steps: int, clip: torch.Tensor) -> str:

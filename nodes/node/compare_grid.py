@@ -18,6 +18,8 @@ STRIP_FRAMES = 4
 """Frames a video's strip shows, evenly spaced from the first to the last."""
 GAP = 8
 """White pixels between panels and around the text."""
+MIN_WIDTH = 128
+"""Narrowest panel: a smaller image is enlarged (a 12 px caption line then holds "(repeats 0.67-1.13 s),")."""
 FONT_DIVISOR = 40
 """Text height: the picture's width over this, within 12 - 28 px (a 3 x 1024 px row gets 28 px)."""
 BACKGROUND, INK, WARNING = (255, 255, 255), (20, 20, 20), (170, 20, 20)
@@ -38,10 +40,13 @@ def comparison_picture(panels: list[tuple[torch.Tensor, str]], footer: list[str]
 
 
 def _strip(frames: torch.Tensor) -> Image.Image:
-    """One image, or STRIP_FRAMES evenly spaced frames of a video side by side."""
+    """One image, or STRIP_FRAMES evenly spaced frames of a video side by side; enlarged by a whole
+    factor (nearest pixel) to at least MIN_WIDTH, so that its caption's words fit under it."""
     picks = torch.linspace(0, frames.shape[0] - 1, min(STRIP_FRAMES, frames.shape[0])).round().long()
     images = [_pil(frames[int(i)]) for i in picks]
-    return _stack(images, vertical=False) if len(images) > 1 else images[0]
+    strip = _stack(images, vertical=False) if len(images) > 1 else images[0]
+    factor = -(-MIN_WIDTH // strip.width)
+    return strip.resize((strip.width * factor, strip.height * factor), Image.NEAREST) if factor > 1 else strip
 
 
 def _pil(frame: torch.Tensor) -> Image.Image:
@@ -78,13 +83,16 @@ def _captioned(image: Image.Image, text: str, font, ink: tuple[int, int, int] = 
 UNIT = re.compile(r"\(?(s|dB|px|x|%|steps?|frames?)\W*")
 """A word that is the unit of the number before it ("7.43 s", "22.24 dB (identical)")."""
 NUMBER = re.compile(r".*(\d|inf)")
+LABELS = ("PSNR", "SSIM")
+"""Words kept together with the number after them."""
 
 
 def _words(text: str) -> list[str]:
-    """The words of `text` split at spaces, a number kept together with the unit after it."""
+    """The words of `text` split at spaces, a number kept together with the unit after it and a
+    metric's name with its number."""
     words: list[str] = []
     for word in text.split():
-        if words and UNIT.fullmatch(word) and NUMBER.fullmatch(words[-1]):
+        if words and (UNIT.fullmatch(word) and NUMBER.fullmatch(words[-1]) or words[-1] in LABELS):
             words[-1] = f"{words[-1]} {word}"
         else:
             words.append(word)

@@ -118,8 +118,8 @@ def verdict(unpatched: TimedRun, toma: TimedRun, fewer: TimedRun, merged: Merged
     said = merged.text() if merged is not None else None
     if merged is not None and merged.nothing:
         return f"{VERDICT} {said}"
-    first = f"{VERDICT} {said} " if said else f"{VERDICT} "
-    return first + _contest(unpatched, toma, fewer)
+    contest = _contest(unpatched, toma, fewer)
+    return f"{VERDICT} {said} {contest[0].upper()}{contest[1:]}" if said else f"{VERDICT} {contest}"
 
 
 def _contest(unpatched: TimedRun, toma: TimedRun, fewer: TimedRun) -> str:
