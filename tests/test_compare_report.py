@@ -153,7 +153,15 @@ def test_equal_time_allows_the_tolerance_and_the_spread():
     slower = 7.0 * (1 + report.TIME_TOLERANCE) * 0.999
     assert report.verdict(*runs(31.0, slower, 28.0, 7.0)).startswith("Verdict: ToMA wins")
     assert report.verdict(*runs(31.0, (7.6, 8.0, 8.2), 28.0, (6.9, 7.1, 7.2))).startswith("Verdict: no winner")
-    assert report.verdict(*runs(31.0, (7.0, 8.0, 8.2), 28.0, (6.9, 7.1, 7.2))).startswith("Verdict: ToMA wins"), "spreads overlap"
+
+
+def test_a_closer_image_that_took_longer_within_the_spread_is_too_close_to_call():
+    """ToMA's image is closer, its median 13 % slower than the fewer steps', but the spreads overlap."""
+    line = report.verdict(*runs(31.0, (7.0, 8.0, 8.2), 28.0, (6.9, 7.1, 7.2)))
+    assert line.startswith("Verdict: too close to call: ToMA's image is closer"), line
+    assert "took 0.90 s (13%) longer" in line and "ToMA 7.00-8.20 s, fewer steps 6.90-7.20 s" in line and "wins" not in line
+    fewer_closer = report.verdict(*runs(25.0, (6.9, 7.1, 7.2), 28.0, (7.0, 8.0, 8.2)))
+    assert fewer_closer.startswith("Verdict: too close to call: the fewer steps' image is closer"), fewer_closer
 
 
 def test_toma_that_saves_no_step_does_not_pay():

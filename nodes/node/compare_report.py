@@ -15,8 +15,8 @@ import statistics
 from dataclasses import dataclass
 
 TIME_TOLERANCE = 0.05
-"""Two runs within 5 % of each other's median time count as equal time, also where their spreads do
-not overlap (a GPU's clock varies by a few percent from run to run: clocks, other work)."""
+"""Two runs within 5 % of each other's median time count as equal time (a GPU's clock varies by a few
+percent from run to run: clocks, other work); a larger gap within the spreads is too close to call."""
 REPEATS_RANGE = (1, 20)
 DEFAULT_REPEATS = 3
 NO_RUN_LINE = "ToMA's run line: none logged (ComfyUI's log level is above INFO)."
@@ -108,8 +108,8 @@ def fewer_steps(steps: int, unpatched_seconds: float, toma_seconds: float) -> in
 
 
 def no_slower(run: TimedRun, rival: TimedRun) -> bool:
-    """`run` took no more time than `rival`: within TIME_TOLERANCE of its median, or within the spread."""
-    return run.seconds <= rival.seconds * (1 + TIME_TOLERANCE) or run.overlaps(rival)
+    """`run`'s median took no more time than `rival`'s, within TIME_TOLERANCE."""
+    return run.seconds <= rival.seconds * (1 + TIME_TOLERANCE)
 
 
 def verdict(unpatched: TimedRun, toma: TimedRun, fewer: TimedRun, merged: Merged | None = None) -> str:
@@ -134,12 +134,19 @@ def _contest(unpatched: TimedRun, toma: TimedRun, fewer: TimedRun) -> str:
                 "use the unpatched model (or fewer steps).")
     toma_text = f"ToMA {_db(toma.psnr)} in {toma.seconds:.2f} s"
     fewer_text = f"{fewer.steps} of {unpatched.steps} steps {_db(fewer.psnr)} in {fewer.seconds:.2f} s"
-    if toma.psnr > fewer.psnr and no_slower(toma, fewer):
-        return f"ToMA wins at equal time: {toma_text} against {fewer_text} (PSNR against the unpatched image)."
-    if fewer.psnr >= toma.psnr and no_slower(fewer, toma):
+    closer, other = (toma, fewer) if toma.psnr > fewer.psnr else (fewer, toma)
+    if no_slower(closer, other):
+        if closer is toma:
+            return f"ToMA wins at equal time: {toma_text} against {fewer_text} (PSNR against the unpatched image)."
         return f"fewer steps win at equal time: {fewer_text} against {toma_text} (PSNR against the unpatched image)."
-    return (f"no winner at equal time: {toma_text}, {fewer_text}; the closer image took more than "
-            f"{TIME_TOLERANCE:.0%} longer, beyond the spread of {_repeats(toma)}.")
+    name = "ToMA's" if closer is toma else "the fewer steps'"
+    gap = closer.seconds - other.seconds
+    if closer.overlaps(other):
+        return (f"too close to call: {name} image is closer ({toma_text}, {fewer_text}) but took {gap:.2f} s "
+                f"({gap / other.seconds:.0%}) longer, within the spread of the repeats ({toma.label} {_span(toma)}, "
+                f"{fewer.label} {_span(fewer)}); raise repeats.")
+    return (f"no winner at equal time: {toma_text}, {fewer_text}; {name} closer image took {gap:.2f} s "
+            f"({gap / other.seconds:.0%}) longer, more than {TIME_TOLERANCE:.0%} and beyond the spread of the repeats.")
 
 
 def report(runs: list[TimedRun], setup: str, timing: str, toma_lines: list[str], conclusion: str) -> str:
