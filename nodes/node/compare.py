@@ -4,33 +4,34 @@ One queue samples the same seed, prompt and latent three times through ComfyUI's
 (`comfy.sample.sample`, so every patch on each model applies): the unpatched model at the full
 steps, the ToMA-patched model (the user's ToMA Patch settings) at the full steps, and the unpatched
 model at the fewer steps that take ToMA's time (compare_report.fewer_steps); a step-cache-patched
-model at the full steps when one is connected. Each run is timed honestly: after a one-step warm-up
-of the same model that is not counted (loading the weights, switching patches, first-call set-up),
-with the device synchronised before and after. The decoded images are compared with the unpatched
-ones (compare_metrics: PSNR / SSIM), drawn side by side with their captions (compare_grid), and the
-report ends in one verdict line: which of ToMA and fewer steps won at equal time. The input models
-are never changed: each run samples the model as connected, as a KSampler would.
+model at the full steps when one is connected. Each contender is timed as the median of `repeats`
+interleaved runs (compare_timing). The decoded images are compared with the unpatched ones
+(compare_metrics: PSNR / SSIM), drawn side by side with their captions (compare_grid), and the
+report ends in one verdict line (compare_report.verdict): first what ToMA did not merge, with the
+run line's reason and the change on the user's node that makes it merge (compare_truth), then
+whether the timings' spreads can tell the runs apart, then which of ToMA and fewer steps won at
+equal time. The input models are never changed: each run samples the model as connected, as a
+KSampler would.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from comfy_api.latest import io
 from einops import rearrange
 
-from ..run import wrappers
-from ..run.report import TOMA_RUN
 from ..settings import TOMA_KEY
 from .compare_grid import comparison_picture
 from .compare_metrics import psnr, ssim
-from .compare_report import TimedRun, fewer_steps, report, run_text, verdict
+from .compare_report import DEFAULT_REPEATS, REPEATS_RANGE, Merged, TimedRun, check_repeats, fewer_steps, report, run_text, verdict
+from .compare_timing import Contender, interleaved
+from .compare_truth import merged, toma_node
 from .toma_nodes import CATEGORY
 
 log = logging.getLogger(__name__)
@@ -73,72 +74,6 @@ class Sampling:
         )
 
 
-@dataclass
-class Sampled:
-    """One timed run before decoding: label, steps, latent samples, seconds, how the clock was
-    synchronised, and the ToMA run lines it logged."""
-
-    label: str
-    steps: int
-    samples: torch.Tensor
-    seconds: float
-    how: str
-    run_lines: list[str]
-
-
-def synchronize(device: torch.device) -> str:
-    """Wait until `device` has finished its queued work (CUDA, XPU and MPS run kernels
-    asynchronously: a clock read without waiting times the launches, not the work); how, in words."""
-    if device.type in ("cuda", "xpu"):
-        getattr(torch, device.type).synchronize(device)
-        return f"the clock read after torch.{device.type}.synchronize on {device}"
-    if device.type == "mps":
-        torch.mps.synchronize()
-        return "the clock read after torch.mps.synchronize"
-    if device.type == "cpu":
-        return "on the CPU (nothing queued to wait for)"
-    return f"on {device}, which torch cannot synchronise: each time ends when comfy.sample has copied the result off it"
-
-
-def timed(sampling: Sampling, label: str, model, steps: int, callback: Callable) -> Sampled:
-    """One run of `model`, timed after its warm-up: the run's last step alone, which loads the model
-    with its patches and runs a call of this size (the last step lies inside a ToMA window that ends
-    at 1, so merged calls warm up too). The warm-up logs no run line: the timed run's is the run's."""
-    with wrappers.unlogged_runs():
-        sampling.run(model, steps, start_step=steps - 1)
-    with toma_run_lines() as lines:
-        how = synchronize(model.load_device)
-        start = time.perf_counter()
-        samples = sampling.run(model, steps, callback=callback)
-        synchronize(model.load_device)
-        seconds = time.perf_counter() - start
-    return Sampled(label, steps, samples, seconds, how, lines)
-
-
-class _RunLines(logging.Handler):
-    """Collects ToMA's run lines (log records carrying report.TOMA_RUN) while installed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, TOMA_RUN, None) is not None:
-            self.lines.append(record.getMessage())
-
-
-@contextmanager
-def toma_run_lines() -> Iterator[list[str]]:
-    """The run lines ToMA logs inside the block (what it merged, and why not), as a list filled in place."""
-    handler = _RunLines()
-    logger = logging.getLogger(wrappers.__name__)
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
-
-
 def clip_frames(images: torch.Tensor) -> torch.Tensor:
     """A VAE's decoded images as (B, F, H, W, C): an image batch gets F = 1, a video keeps its frames."""
     return images if images.dim() == 5 else images[:, None]
@@ -153,39 +88,84 @@ class Comparison:
     """Each run's decoded images (B F, H, W, C), in the order of the report's runs."""
 
 
-def compare(sampling: Sampling, vae, steps: int, model, toma_model, step_cache_model=None) -> Comparison:
-    """Sample, time, decode and compare the runs (module docstring); the picture, report and images."""
+def compare(sampling: Sampling, vae, steps: int, model, toma_model, step_cache_model=None, repeats: int = DEFAULT_REPEATS,
+            node: str | None = None) -> Comparison:
+    """Sample, time, decode and compare the runs (module docstring); the picture, report and images.
+    node: the type of the ToMA node that made toma_model (compare_truth.toma_node), for the advice."""
     sampling.prepare(model)
-    sampled = sample_runs(sampling, steps, model, toma_model, step_cache_model)
-    clips = [clip_frames(vae.decode(run.samples)) for run in sampled]
+    contenders = sample_runs(sampling, steps, model, toma_model, step_cache_model, repeats)
+    clips = [clip_frames(vae.decode(contender.samples)) for contender in contenders]
     flat = [rearrange(clip, "b f h w c -> (b f) h w c") for clip in clips]
-    runs = [TimedRun(sampled[0].label, steps, sampled[0].seconds)]
-    runs += [TimedRun(run.label, run.steps, run.seconds, psnr(flat[0], images), ssim(flat[0], images)) for run, images in zip(sampled[1:], flat[1:])]
-    conclusion = verdict(*runs[:3])
-    timing = _timing(sampled[0].how)
-    text = report(runs, _setup(sampling, steps, clips[0]), timing, sampled[1].run_lines, conclusion)
-    picture = comparison_picture([(clip[0], run_text(run, runs[0])) for clip, run in zip(clips, runs)], [conclusion, timing])
+    ran = _merged(contenders[1], toma_model, node)
+    runs = timed_runs(contenders, flat, ran)
+    conclusion = verdict(*runs[:3], ran)
+    unsteady = _repeats_note(contenders[1])
+    timing = _timing(contenders[0].how, repeats, contenders) + (f" {unsteady}" if unsteady else "")
+    lines = contenders[1].lines[0] if contenders[1].lines else []
+    text = report(runs, _setup(sampling, steps, clips[0]), timing, lines, conclusion)
+    header = [line for line in (ran.text() if ran is not None else None, unsteady) if line]
+    picture = comparison_picture([(clip[0], run_text(run, runs[0])) for clip, run in zip(clips, runs)], [conclusion, timing], header)
     return Comparison(picture, text, flat)
 
 
-def sample_runs(sampling: Sampling, steps: int, model, toma_model, step_cache_model=None) -> list[Sampled]:
-    """The timed runs: unpatched, ToMA, the fewer steps that take ToMA's time (the unpatched run
-    itself when ToMA saved less than a step), and the step cache when given."""
+def sample_runs(sampling: Sampling, steps: int, model, toma_model, step_cache_model=None, repeats: int = DEFAULT_REPEATS) -> list[Contender]:
+    """The contenders, timed in interleaved rounds (compare_timing.interleaved): unpatched, ToMA, the
+    fewer steps that take ToMA's median time in the first rounds (the unpatched run itself when ToMA
+    saved less than a step or merged nothing), and the step cache when given."""
     import comfy.utils
 
-    progress = comfy.utils.ProgressBar(steps * (4 if step_cache_model is not None else 3))
+    contenders = [Contender("unpatched", model, steps), Contender("ToMA", toma_model, steps)]
+    if step_cache_model is not None:
+        contenders.append(Contender("step cache", step_cache_model, steps))
+    progress = comfy.utils.ProgressBar(steps * repeats * (2 * len(contenders) + 1))
 
     def step(*_) -> None:  # comfy.sample's per-step callback (step, x0, x, total_steps)
         progress.update(1)
 
-    unpatched = timed(sampling, "unpatched", model, steps, step)
-    toma = timed(sampling, "ToMA", toma_model, steps, step)
-    fewer = fewer_steps(steps, unpatched.seconds, toma.seconds)
-    runs = [unpatched, toma, timed(sampling, "fewer steps", model, fewer, step) if fewer < steps else replace(unpatched, label="fewer steps")]
-    if step_cache_model is not None:
-        runs.append(timed(sampling, "step cache", step_cache_model, steps, step))
+    def fewer(unpatched: Contender, toma: Contender) -> Contender:
+        records = toma.records[0]
+        nothing = bool(records) and all(record.steps_merged == 0 for record in records)
+        count = steps if nothing else fewer_steps(steps, statistics.median(unpatched.times), statistics.median(toma.times))
+        return unpatched if count >= steps else Contender("fewer steps", model, count)
+
+    runs = interleaved(sampling, repeats, contenders, fewer, step)
     progress.update_absolute(progress.total)
     return runs
+
+
+def timed_runs(contenders: list[Contender], flat: list[torch.Tensor], ran: Merged | None) -> list[TimedRun]:
+    """The report's runs: each contender's times and its likeness to the unpatched images, the ToMA
+    run that merged nothing and a fewer-steps run that drops no step marked as no contenders."""
+    unpatched, toma, short = contenders[:3]
+    runs = [TimedRun(unpatched.label, unpatched.steps, tuple(unpatched.times))]
+    for index, (contender, images) in enumerate(zip(contenders[1:], flat[1:]), start=1):
+        out = None
+        if index == 1 and ran is not None and ran.nothing:
+            out = "it merged nothing, so it ran the unpatched model"
+        elif index == 2 and contender is unpatched:
+            saved = "ToMA merged nothing" if ran is not None and ran.nothing else f"ToMA saved less than one of {unpatched.steps} steps"
+            out = f"no step to drop ({saved}): the unpatched run"
+        label = "fewer steps" if index == 2 else contender.label
+        runs.append(TimedRun(label, contender.steps, tuple(contender.times), psnr(flat[0], images), ssim(flat[0], images), out))
+    return runs
+
+
+def _merged(toma: Contender, toma_model, node: str | None) -> Merged | None:
+    """What ToMA merged in its first timed run (its last run line), None when no run line was logged."""
+    records = toma.records[0] if toma.records else []
+    if not records:
+        return None
+    settings = toma_model.model_options["transformer_options"][TOMA_KEY].config.settings
+    return merged(records[-1], settings, node)
+
+
+def _repeats_note(toma: Contender) -> str:
+    """Said where ToMA's timed runs merged different numbers of steps (min_tokens auto decides by timing)."""
+    counts = [sum(record.steps_merged for record in records) for records in toma.records]
+    if len(set(counts)) < 2:
+        return ""
+    return (f"ToMA's timed runs merged different steps ({', '.join(map(str, counts))}: min_tokens auto decides by "
+            "timing in each run), so its time mixes them; its image and run line are the first run's.")
 
 
 def _setup(sampling: Sampling, steps: int, clip: torch.Tensor) -> str:
@@ -196,9 +176,14 @@ def _setup(sampling: Sampling, steps: int, clip: torch.Tensor) -> str:
             f"cfg {sampling.cfg:g}, {size}, batch {batch}; PSNR / SSIM of the decoded images against the unpatched run{pooled}.")
 
 
-def _timing(how: str) -> str:
-    return ("Timing: sampling only (not decoding), one run each after a one-step warm-up of the same model that is "
-            f"not counted (model loading, first-call set-up); {how}.")
+def _timing(how: str, repeats: int, contenders: list[Contender]) -> str:
+    """How the runs were timed; `contenders` as compare_timing.interleaved returns them."""
+    rounds = f"{repeats} rounds of the unpatched and ToMA runs, one of each in turn"
+    if len(contenders[0].times) > repeats:
+        rounds += f", whose medians set the fewer steps, then {repeats} rounds of every run"
+    return (f"Timing: sampling only (not decoding); each time is the median of a run's repeats, the spread the fastest to "
+            f"the slowest: {rounds}; each run after a one-step warm-up of the same model that is not counted (model "
+            f"loading, first-call set-up); {how}.")
 
 
 def check_models(model, toma_model, step_cache_model=None) -> None:
@@ -244,9 +229,10 @@ class ToMACompare(io.ComfyNode):
             category=CATEGORY,
             description=(
                 "Is ToMA worth it here? Samples the same seed and prompt unpatched, with ToMA and with the fewer steps "
-                "that take ToMA's time (and with a step cache, if connected), times each run on this machine, and "
-                "shows the images side by side with each run's seconds, speed-up and PSNR / SSIM against the "
-                "unpatched image, and which won at equal time."
+                "that take ToMA's time (and with a step cache, if connected), times each run on this machine (the "
+                "median of interleaved repeats), and shows the images side by side with each run's seconds and their "
+                "spread, speed-up and PSNR / SSIM against the unpatched image, and which won at equal time (or that "
+                "the timings are too close to call, or that ToMA merged nothing, and which input makes it merge)."
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The model without ToMA (the loader's, after any LoRA): the reference run and the fewer-steps run."),
@@ -256,9 +242,15 @@ class ToMACompare(io.ComfyNode):
                 io.Latent.Input("latent_image", tooltip="The latent every run starts from (an empty latent: the image or video size)."),
                 io.Vae.Input("vae", tooltip="Decodes every run's latent, for the pictures and PSNR / SSIM (decoding is not timed)."),
                 *_sampler_inputs(),
+                io.Int.Input("repeats", default=DEFAULT_REPEATS, min=REPEATS_RANGE[0], max=REPEATS_RANGE[1],
+                             tooltip=f"Timed runs of each contender, interleaved (one of each in turn per round); each "
+                             f"time is the median, its spread (fastest - slowest) shown, and a difference within the "
+                             f"spread is called too close to call. {DEFAULT_REPEATS} by default, {REPEATS_RANGE[0]} - {REPEATS_RANGE[1]}; more "
+                             "repeats settle a close call on a busy machine at the cost of longer comparisons."),
                 io.Model.Input("step_cache_model", optional=True,
                                tooltip="Optional: the same model through a step cache (EasyCache, LazyCache, ...), run at the full steps as a fourth contender."),
             ],
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
             outputs=[
                 io.Image.Output("comparison", display_name="comparison",
                                 tooltip="The runs side by side (a video: a strip of frames per run) with their seconds, speed-up and PSNR / SSIM, and the verdict."),
@@ -272,9 +264,12 @@ class ToMACompare(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, toma_model, positive, negative, latent_image, vae, seed, steps, cfg, sampler_name, scheduler,
-                step_cache_model=None) -> io.NodeOutput:
+                repeats=DEFAULT_REPEATS, step_cache_model=None) -> io.NodeOutput:
         check_models(model, toma_model, step_cache_model)
+        repeats = check_repeats(int(repeats))
         sampling = Sampling(latent_image, positive, negative, int(seed), float(cfg), sampler_name, scheduler)
-        result = compare(sampling, vae, int(steps), model, toma_model, step_cache_model)
+        hidden = cls.hidden  # None on a direct call; set by ComfyUI's executor (PREPARE_CLASS_CLONE)
+        node = toma_node(hidden.prompt, hidden.unique_id) if hidden is not None else None
+        result = compare(sampling, vae, int(steps), model, toma_model, step_cache_model, repeats, node)
         log.info("%s", result.report)
         return io.NodeOutput(result.picture, result.report, *result.images[:3])

@@ -21,7 +21,9 @@ TEXT_RANGES = {
 ADVANCED_INTRO = "The inputs above, plus (saved workflows keep their values: new inputs were added last):"
 COMPARE_HEADER = ["| Input / output | Effect |", "|---|---|"]
 COMPARE_ROWS = ("model", "toma_model", "step_cache_model", "vae", "steps", "comparison", "report")
-"""The sockets the README's ToMA Compare table describes; the others are KSampler's or a run's images."""
+"""The sockets the README's ToMA Compare table describes; the others are KSampler's, COMPARE_OWN or a run's images."""
+COMPARE_OWN = ("repeats",)
+"""ToMA Compare's own widgets beyond KSampler's, described in the text under its table."""
 COMPARE_TEMPLATE = "Flux.1 Dev - compare ToMA with fewer steps"
 """The comparison template's name in ComfyUI's template browser (example_workflows/<it>.json)."""
 
@@ -42,9 +44,10 @@ def _compare_section() -> list[str]:
     schema = ToMACompare.define_schema()
     sockets = [(i.id, "", i.tooltip) for i in schema.inputs] + [(o.id, " (output)", o.tooltip) for o in schema.outputs]
     rows = [f"| `{name}`{kind} | {tooltip} |" for name, kind, tooltip in sockets if name in COMPARE_ROWS]
-    shared = ", ".join(f"`{i.id}`" for i in schema.inputs if i.id not in COMPARE_ROWS)
+    shared = ", ".join(f"`{i.id}`" for i in schema.inputs if i.id not in COMPARE_ROWS + COMPARE_OWN)
+    own = " ".join(f"`{i.id}`: {i.tooltip}" for i in schema.inputs if i.id in COMPARE_OWN)
     images = ", ".join(f"`{o.id}`" for o in schema.outputs if o.id not in COMPARE_ROWS)
-    others = (f"{schema.description} The other inputs ({shared}) are KSampler's, the same for every run; the outputs "
+    others = (f"{schema.description} {own} The other inputs ({shared}) are KSampler's, the same for every run; the outputs "
               f"{images} are each run's decoded images (video frames). Template: *{COMPARE_TEMPLATE}*.")
     return ["### ToMA Compare", "", *COMPARE_HEADER, *rows, "", others]
 

@@ -21,7 +21,8 @@ from compat_support import RUNTIME_LOGGER, patch, run_records
 from harness.pack import pack_module
 
 STEPS = 4
-ROW = re.compile(r"^(unpatched|ToMA|fewer steps|step cache): (\d+) steps, ([\d.]+) s, ([\d.]+)x, (.*)$", re.MULTILINE)
+REPEATS = 2
+ROW = re.compile(r"^(unpatched|ToMA|fewer steps|step cache): (\d+) steps, ([\d.]+) s \(repeats ([\d.]+)-([\d.]+) s\), ([\d.]+)x, (.*)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +49,18 @@ class FrameDecoder:
 
 
 def run_node(compare, model, toma_model, positive, negative, latent, vae, **kw) -> tuple:
+    kw.setdefault("repeats", REPEATS)
     output = compare.ToMACompare.execute(model, toma_model, positive, negative, {"samples": latent}, vae, 7, STEPS, 1.0, "euler", "simple", **kw)
     return output.args
 
 
 def rows(report: str) -> dict[str, tuple[int, float, float, str]]:
-    return {m[1]: (int(m[2]), float(m[3]), float(m[4]), m[5]) for m in ROW.finditer(report)}
+    """label -> (steps, median seconds, speed-up, likeness); the spread must hold the median."""
+    table = {}
+    for m in ROW.finditer(report):
+        assert float(m[4]) <= float(m[3]) <= float(m[5]), m[0]
+        table[m[1]] = (int(m[2]), float(m[3]), float(m[6]), m[7])
+    return table
 
 
 def psnr_of(likeness: str) -> float:
@@ -68,7 +75,8 @@ def check_report(report: str, family: str, runs: tuple[str, ...] = ("unpatched",
     assert math.isfinite(psnr_of(table["ToMA"][3])), "ToMA merged every step at min_tokens 0: its image must differ"
     assert [line for line in report.splitlines() if line.startswith("Verdict:")] == [report.splitlines()[-1]], report
     assert f"ToMA's run line: ToMA [{family}]: " in report, report
-    assert "warm-up" in report and "not counted" in report
+    assert "warm-up" in report and "not counted" in report and "the median of a run's repeats" in report
+    assert "merged nothing" not in report and "merged only" not in report, report
     return table
 
 
@@ -145,3 +153,65 @@ def test_models_in_the_wrong_sockets_are_refused(compare, toma, tiny, tiny_flux,
         run_node(compare, tiny_flux, other, cond, cond, latent, taesd)
     with pytest.raises(ValueError, match="step_cache_model is not a patched copy of model"):
         run_node(compare, tiny_flux, merged, cond, cond, latent, taesd, step_cache_model=tiny.build_flux(seed=2))
+
+
+def test_toma_that_merges_nothing_says_so_first_and_competes_not(compare, toma, tiny, tiny_flux, taesd):
+    """A sigma window that holds none of the steps: ToMA's run is the unpatched model, and the
+    picture's header, the ToMA and fewer-steps captions and the verdict say so, with the reason."""
+    idle = patch(toma, tiny_flux, start=1.0, blocks="all", min_tokens=0)
+    positive, negative = tiny.make_conditioning(tiny_flux, 1), tiny.make_conditioning(tiny_flux, 2)
+    picture, report, unpatched, toma_images, fewer = run_node(compare, tiny_flux, idle, positive, negative, torch.zeros(tiny.FLUX_LATENT), taesd)
+    assert torch.equal(toma_images, unpatched) and torch.equal(fewer, unpatched)
+    verdict = report.splitlines()[-1]
+    assert verdict.startswith(f"Verdict: ToMA merged nothing: 0 of {STEPS} steps ("), report
+    assert "outside the sigma window" in verdict and "To make it merge: lower start_percent" in verdict, verdict
+    table = rows(report)
+    assert table["ToMA"][3] == "not a contender: it merged nothing, so it ran the unpatched model", report
+    assert table["fewer steps"][0] == STEPS and table["fewer steps"][3].startswith("not a contender: no step to drop"), report
+    assert "inf dB" not in report
+    first = (unpatched[0] * 255 + 0.5).to(torch.uint8).float() / 255
+    assert not torch.equal(picture[0, :128, :128], first), "no header above the images"
+    assert (picture[0, :40] < 0.5).any(), "no header text"
+
+
+def test_repeats_out_of_range_are_refused(compare, toma, tiny, tiny_flux, taesd):
+    merged = patch(toma, tiny_flux, blocks="all", min_tokens=0)
+    cond = tiny.make_conditioning(tiny_flux, 1)
+    with pytest.raises(ValueError, match="repeats=0 is outside the allowed range 1 - 20"):
+        run_node(compare, tiny_flux, merged, cond, cond, torch.zeros(tiny.FLUX_LATENT), taesd, repeats=0)
+
+
+class Recorder:
+    """Sampling that records each timed run (model name, steps) and each warm-up (start_step given)."""
+
+    def __init__(self) -> None:
+        self.timed: list[tuple[str, int]] = []
+        self.warmed: list[str] = []
+
+    def run(self, model, steps, start_step=None, callback=None):
+        if start_step is None:
+            self.timed.append((model.name, steps))
+        else:
+            self.warmed.append(model.name)
+        return torch.zeros(1)
+
+
+def test_runs_are_timed_in_interleaved_rounds_each_after_its_warm_up(comfy):
+    timing = pack_module("nodes.node.compare_timing")
+
+    def model(name):
+        return type("Model", (), {"name": name, "load_device": torch.device("cpu")})()
+
+    unpatched, toma, cache = (timing.Contender(name, model(name), 4) for name in ("unpatched", "ToMA", "cache"))
+    sampling = Recorder()
+    runs = timing.interleaved(sampling, 3, [unpatched, toma, cache], lambda u, t: timing.Contender("fewer", model("fewer"), 3), lambda *_: None)
+    first, then = [("unpatched", 4), ("ToMA", 4)], [("unpatched", 4), ("ToMA", 4), ("fewer", 3), ("cache", 4)]
+    assert sampling.timed == first * 3 + then * 3
+    assert sampling.warmed == [name for name, _ in sampling.timed], "a warm-up before every timed run"
+    assert [run.label for run in runs] == ["unpatched", "ToMA", "fewer", "cache"]
+    assert [len(run.times) for run in runs] == [6, 6, 3, 3]
+
+    alone = Recorder()
+    unpatched, toma = (timing.Contender(name, model(name), 4) for name in ("unpatched", "ToMA"))
+    runs = timing.interleaved(alone, 2, [unpatched, toma], lambda u, t: u, lambda *_: None)
+    assert alone.timed == first * 2 and runs[2] is unpatched, "no step to drop: no second rounds"
