@@ -5,7 +5,9 @@ at import as comfy.ldm.modules.attention.optimized_attention (its --use-sage-att
 --use-flash-attention / xformers / --use-pytorch-cross-attention / --use-ck-attention flags).
 
 An override ToMA does not know is an unknown kernel (None): the keys/values form keeps its head size
-there (toma_core/keys_values.py `choose_form`).
+there (toma_core/keys_values.py `choose_form`). An override that hands every call on to the function
+it is given (a recorder, a patch that only edits q / k / v) can say so with an attribute
+`hands_on = True`: the kernel is then ComfyUI's selected function's.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ def run_kernel(options: dict | None, device_type: str) -> tuple[Kernel | None, s
     """The kernel this model call's attention runs on a `device_type` device ("cuda", "cpu", ...) and
     a short name for the run line; None for a kernel ToMA cannot tell (an unknown override)."""
     override = (options or {}).get(OVERRIDE)
-    if override is not None:
-        return override_kernel(override)
+    if override is not None and not getattr(override, "hands_on", False):
+        return override_kernel(override, device_type)
     import comfy.ldm.modules.attention as attention
 
-    return function_kernel(attention.optimized_attention, device_type)
+    kernel, name = function_kernel(attention.optimized_attention, device_type)
+    return kernel, name if override is None else f"{name} through {_qualname(override)}"
 
 
 def function_kernel(func, device_type: str) -> tuple[Kernel | None, str]:
@@ -55,12 +58,18 @@ def function_kernel(func, device_type: str) -> tuple[Kernel | None, str]:
     return None, f"unknown attention function {_qualname(func)}"
 
 
-def override_kernel(override) -> tuple[Kernel | None, str]:
+def override_kernel(override, device_type: str) -> tuple[Kernel | None, str]:
     """The kernel of an optimized_attention_override: KJNodes' "Patch Sage Attention KJ" / "Patch
     Flash Attention KJ" (and its loaders' sage option), told by their closures
     (ComfyUI-KJNodes nodes/model_optimization_nodes.py: `attention_override_sage` holds
     `new_attention`, a wrap_attn function whose closure holds `sage_func`, itself holding the
-    `sage_attention` mode; the flash one holds `flash_func` and `is_fa3`); None for any other."""
+    `sage_attention` mode; the flash one holds `flash_func` and `is_fa3`), and ComfyUI's own
+    ModelPatcher.set_model_optimized_attention (ComfyUI 0.33 model_patcher.py: its override closes
+    over the chosen `optimized_attention` function: its "ModelAttentionBackend" node); None for any other."""
+    chosen = _closure(override).get("optimized_attention")
+    if chosen is not None:
+        kernel, name = function_kernel(chosen, device_type)
+        return kernel, f"{name} via set_model_optimized_attention" if kernel is not None else f"unknown override {_qualname(chosen)}"
     found = _closure(_closure(override).get("new_attention"))
     if "sage_func" in found:
         sage = _closure(found["sage_func"])

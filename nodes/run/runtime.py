@@ -192,6 +192,13 @@ class CallContext:
             self.plans[key] = plan
         return plan
 
+    def note_attention(self, text: str) -> None:
+        """Count one merged keys/values attention call by "<kernel> as <form>" (the run line's attention part)."""
+        if compiling():
+            return
+        with self.state.lock:
+            self.state.stats.attention[text] += 1
+
     def record_block(self, merged: bool, reason: str | None = None) -> None:
         """Count one block run (merged, or unmerged with a reason). No-op under torch.compile."""
         if compiling():
