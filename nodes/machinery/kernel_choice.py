@@ -74,8 +74,8 @@ def override_kernel(override, device_type: str) -> tuple[Kernel | None, str]:
     if "sage_func" in found:
         sage = _closure(found["sage_func"])
         mode = str(sage.get("sage_attention", ""))
-        kernel = KERNELS["sage3"] if "sageattn3" in mode else _sage_kernel(sage.get("sageattn")) if mode == "auto" else KERNELS["sage2"]
-        return kernel, f"{kernel.name} (KJNodes Patch Sage Attention KJ, {mode})"
+        kernel = KERNELS["sage3"] if "sageattn3" in mode else _sage_kernel(sage["sageattn"]) if "sageattn" in sage else KERNELS["sage2"]
+        return kernel, f"{kernel.name} (KJNodes Patch Sage Attention KJ{', ' + mode if mode else ''})"
     if "flash_func" in found:
         kernel = _flash_kernel(bool(_closure(found["flash_func"]).get("is_fa3")))
         return kernel, f"{kernel.name} (KJNodes Patch Flash Attention KJ)"
