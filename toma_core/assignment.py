@@ -63,7 +63,7 @@ def hard_assignment(assign: torch.Tensor) -> torch.Tensor:
     return ((slots == best) & (assign.sum(-2, keepdim=True) > 0)).to(assign.dtype)
 
 
-def balanced_assignment(logits: torch.Tensor, slot_valid: torch.Tensor, real: torch.Tensor, iterations: int = 12) -> torch.Tensor:
+def balanced_assignment(logits: torch.Tensor, slot_valid: torch.Tensor, real: torch.Tensor, iterations: int = 24) -> torch.Tensor:
     """The soft assignment (B, G, k, n) nearest to softmax(logits) over k whose every valid slot of a
     tile stands for the same number of tokens, n_real / k_valid: log-domain Sinkhorn iterations
     (Cuturi, NeurIPS 2013), alternating the token normalisation (each token's weights sum to 1) with
