@@ -215,7 +215,8 @@ BALANCE_TEMPERATURE = 0.03
 """The softest assignment temperature `TiledMergePlan.balanced` works at. At the paper's 1e-3 the
 Sinkhorn iterations barely move a token (8 of them leave tokens weighing 0.22..2 instead of 1); at
 0.03, 24 leave each token's total weight within 0.02 of 1 on average, with merged tokens nearly as
-close to their tokens as the unbalanced plan's (tests/test_key_forms.py's smooth 16 x 16 field)."""
+close to their tokens as the unbalanced plan's (smooth random fields of 16 x 16 and 32 x 32 x 4 tokens,
+ratio 0.5, tile 4: tests/test_key_forms.py)."""
 
 UNMERGES = ("delta", "hard", "output")
 """How a block's merged result returns to N tokens (compared in docs/defaults.md). delta: x + U(f(Mx) - Mx),
