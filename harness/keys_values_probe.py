@@ -123,6 +123,7 @@ def attention_inputs(model: Any, latent: tuple[int, ...], pos: list, neg: list) 
         calls.append(tuple(t.detach().float().clone() for t in heads_first(q, k, v, heads, bool(kwargs.get("skip_reshape")))))
         return func(q, k, v, heads, *args, **kwargs)
 
+    override.hands_on = True  # ComfyUI's own function runs: the kernel ToMA reads (nodes/machinery/kernel_choice.py)
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
     tiny_models.sample(clone, latent, steps=1, cfg=1.0, positive=pos, negative=neg)
@@ -136,9 +137,9 @@ def merges_seen() -> Iterator[list[tuple[Any, Any]]]:
     module = pack_module("nodes.machinery.keys_values")
     original, seen = module.keys_values_options, []
 
-    def observed(options, plan, keys, mass):
+    def observed(options, plan, keys, *rest):
         seen.append((plan, keys))
-        return original(options, plan, keys, mass)
+        return original(options, plan, keys, *rest)
 
     module.keys_values_options = observed
     try:

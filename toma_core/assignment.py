@@ -61,3 +61,26 @@ def hard_assignment(assign: torch.Tensor) -> torch.Tensor:
     best = assign.argmax(dim=-2, keepdim=True)
     slots = torch.arange(assign.shape[-2], device=assign.device).view(-1, 1)
     return ((slots == best) & (assign.sum(-2, keepdim=True) > 0)).to(assign.dtype)
+
+
+def balanced_assignment(logits: torch.Tensor, slot_valid: torch.Tensor, real: torch.Tensor, iterations: int = 24) -> torch.Tensor:
+    """The soft assignment (B, G, k, n) nearest to softmax(logits) over k whose every valid slot of a
+    tile stands for the same number of tokens, n_real / k_valid: log-domain Sinkhorn iterations
+    (Cuturi, NeurIPS 2013), alternating the token normalisation (each token's weights sum to 1) with
+    the destination-mass one, ending on the latter so the masses are equal to rounding.
+
+    logits (B, G, k, n): similarity / temperature of each slot to each token; slot_valid (B|1, G, k);
+    real (B|1, G, n) the tile's real (not padded) tokens. Batched elementwise and logsumexp only.
+    """
+    valid_row = slot_valid.unsqueeze(-1)
+    real_col = real.unsqueeze(-2)
+    inside = valid_row & real_col
+    neg = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    log_p = torch.where(inside, logits, neg)
+    log_mass = (real.sum(-1).clamp_min(1) / slot_valid.sum(-1).clamp_min(1)).to(logits.dtype).log()[..., None, None]
+    for step in range(2 * iterations + 1):
+        if step % 2 == 0:  # tokens: softmax over the tile's slots
+            log_p = torch.where(inside, log_p - log_p.logsumexp(-2, keepdim=True), neg)
+        else:  # destinations: each slot's mass n_real / k_valid
+            log_p = torch.where(inside, log_p + log_mass - log_p.logsumexp(-1, keepdim=True), neg)
+    return torch.where(inside, log_p + log_mass - log_p.logsumexp(-1, keepdim=True), neg).exp()

@@ -22,6 +22,17 @@ keys, not the queries: there are only L - N + D of them, and each padded tensor 
     q' = [q, 1, 0...],  k' = [k sqrt(e'/e), sqrt(e') log m, 0...],  v' = [v, 0, 0...]
     q'.k' / sqrt(e') = q.k / sqrt(e) + log m
 
+A caller that passes the softmax scale s itself (ComfyUI's `scale` keyword: attention_pytorch,
+attention_sage's sm_scale) gets unscaled keys and the log-mass divided by s instead:
+q'.k' s = s q.k + log m.
+
+Three forms of the merged attention (`FORMS`; `choose_form` picks one per kernel):
+    channel     the above: exact proportional attention, head e -> e'
+    equal_mass  a balanced plan (MergePlan.balanced): every merged key of a tile stands for the same
+                number of tokens, so log m is one constant that cancels from a softmax over merged
+                image keys only: the same attention at head e (up to the tiles' differing n / k)
+    plain       no mass: each merged key counts once, head e
+
 Layout: (B, H, L, e) throughout (heads first, as every ComfyUI attention function takes it with
 skip_reshape); `split_heads` / `join_heads` convert from and to (B, L, H e).
 """
@@ -35,7 +46,23 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .cost import padded_head
+from .kernels import Kernel
 from .plan import MergePlan
+
+CHANNEL, EQUAL_MASS, PLAIN = "channel", "equal_mass", "plain"
+FORMS = (CHANNEL, EQUAL_MASS, PLAIN)
+"""The forms of the merged attention, from exact at a wider head to unweighted (module docstring)."""
+
+
+def choose_form(kernel: Kernel | None, head: int, image_keys_only: bool) -> str:
+    """The form a merged call at head size `head` runs on `kernel` (None: a kernel ToMA does not
+    know, which never gets another head size). The channel where it costs no dearer bucket: the
+    kernel's bucket of e' is e's, or the kernel has no buckets (matmuls: e'/e more work, 1.06x at
+    128, for exact weights on every key); else equal_mass where every key of the call is a merged
+    image key (the constant log m cancels); else plain."""
+    if kernel is not None and (not kernel.buckets or kernel.cost_ratio(head, padded_head(head)) == 1):
+        return CHANNEL
+    return EQUAL_MASS if image_keys_only else PLAIN
 
 
 def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -87,14 +114,18 @@ def key_bias(plan: MergePlan, start: int, keys: int, like: torch.Tensor) -> torc
     return F.pad(bias.to(like), (start, keys - start - bias.shape[1]))
 
 
-def with_mass_channel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def with_mass_channel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B|1, H, L_q, e), k / v (B, H, L_k, e), bias (B, L_k) -> the same with head size e' =
     padded_head(e), carrying bias in one channel (see the module docstring); the attention output's
-    first e channels are the biased attention."""
+    first e channels are the biased attention. scale: the softmax scale the caller hands the kernel
+    (None: the kernel's own 1 / sqrt(e'))."""
     e = q.shape[-1]
     size = padded_head(e)
     ones = torch.ones(*q.shape[:-1], 1, dtype=q.dtype, device=q.device)
     q = torch.cat([q, ones, q.new_zeros(*q.shape[:-1], size - e - 1)], dim=-1)
-    column = (bias * math.sqrt(size)).to(k.dtype)[:, None, :, None].expand(-1, k.shape[1], -1, -1)
-    k = torch.cat([k * math.sqrt(size / e), column, k.new_zeros(*k.shape[:-1], size - e - 1)], dim=-1)
+    key_scale, mass_scale = (math.sqrt(size / e), math.sqrt(size)) if scale is None else (1.0, 1.0 / scale)
+    column = (bias * mass_scale).to(k.dtype)[:, None, :, None].expand(-1, k.shape[1], -1, -1)
+    k = torch.cat([k * key_scale if scale is None else k, column, k.new_zeros(*k.shape[:-1], size - e - 1)], dim=-1)
     return q, k, F.pad(v, (0, size - e))

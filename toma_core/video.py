@@ -114,6 +114,12 @@ class SegmentPlan(MergePlan):
     def size_bias(self) -> torch.Tensor | None:
         return self.cluster_sizes().log() if self.merges else None
 
+    def balanced(self) -> MergePlan:
+        """Each part balanced (a pass-through part keeps its mass-1 tokens)."""
+        if not hasattr(self, "_balanced"):
+            self._balanced = SegmentPlan([p.balanced() for p in self.parts], self.frame_counts)
+        return self._balanced
+
     def take(self, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
         return take_destinations(rows, self._index, dim)
 

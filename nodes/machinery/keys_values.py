@@ -41,7 +41,12 @@ from typing import TypeVar
 import torch
 
 from ...toma_core import MergePlan
+from ...toma_core.kernels import KERNELS, MATMUL, Kernel
 from ...toma_core.keys_values import (
+    CHANNEL,
+    EQUAL_MASS,
+    PLAIN,
+    choose_form,
     join_heads,
     key_bias,
     merge_key_rows,
@@ -52,6 +57,7 @@ from ...toma_core.keys_values import (
 from ..contract import NOTHING_TO_MERGE, Unmerged, layout_changed
 from ..run.runtime import compiling
 from ..settings import CALL_KEY
+from .kernel_choice import run_kernel
 from .spans import SpansCut
 
 log = logging.getLogger(__name__)
@@ -64,6 +70,10 @@ POSITIONAL = ("mask", "attn_precision", "skip_reshape", "skip_output_reshape")
 some callers pass the mask positionally (optimized_attention_masked in Qwen-Image and Lumina2)."""
 
 R = TypeVar("R")
+
+REFUSED = Unmerged("the attention kernel refused merged keys and values")
+"""A keys/values block whose attention kernel raised on the merged call in every form it was
+offered (an override ToMA does not know): the block runs again unmerged."""
 
 NOT_REACHED = Unmerged("attention not reached: another node replaced it outside ComfyUI's attention functions")
 """A keys/values run whose block never called an attention function through its transformer_options."""
@@ -94,14 +104,23 @@ class Keys:
 
 class KeysValuesOverride:
     """An optimized_attention_override that merges the image keys and values of the first attention
-    call (see the module docstring); `inner`: the override it chains to, or None."""
+    call (see the module docstring); `inner`: the override it chains to, or None. kernel: the kernel
+    the call runs (kernel_choice.run_kernel; None: unknown), which picks the merged form
+    (toma_core.keys_values.choose_form; the default, a kernel without buckets, keeps the channel).
+    After the call, `form` is the form that ran and `refused` the kernel's error when it refused one."""
 
-    def __init__(self, plan: MergePlan, keys: Keys, inner, mass: bool) -> None:
+    def __init__(
+        self, plan: MergePlan, keys: Keys, inner, mass: bool, kernel: Kernel | None = KERNELS[MATMUL], kernel_name: str = MATMUL,
+    ) -> None:
         self.plan = plan
+        self.kernel_name = kernel_name
         self.pending: Keys | None = keys
         self.inner = inner
         self.mass = mass
+        self.kernel = kernel
         self.calls = 0
+        self.form: str | None = None
+        self.refused: str | None = None
 
     def __call__(self, func, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, *args, **kwargs) -> torch.Tensor:
         kwargs = dict(zip(POSITIONAL, args)) | kwargs
@@ -114,18 +133,39 @@ class KeysValuesOverride:
         heads_first = bool(kwargs.get("skip_reshape"))
         q, k, v = (t if heads_first else split_heads(t, heads) for t in (q, k, v))
         self._check(keys, q, k, v, kwargs.get("mask"))
-        start = keys.start
-        k, v = merge_key_rows(k, self.plan, start), merge_key_rows(v, self.plan, start)
+        image_only = keys.start == 0 and k.shape[2] == self.plan.num_tokens
+        form = choose_form(self.kernel, q.shape[-1], image_only) if self.mass else PLAIN
+        wants_heads = bool(kwargs.get("skip_output_reshape"))
+        kwargs = kwargs | {"skip_reshape": True, "skip_output_reshape": True}
+        try:
+            out = self._attend(run, form, keys.start, q, k, v, heads, kwargs)
+        except SpansCut:
+            raise
+        except Exception as error:  # the kernel refused the merged call: a form at the head it was handed
+            self.refused = f"{type(error).__name__}: {error}"
+            if form != CHANNEL:
+                raise SpansCut(REFUSED) from error
+            form = EQUAL_MASS if image_only else PLAIN
+            try:
+                out = self._attend(run, form, keys.start, q, k, v, heads, kwargs)
+            except SpansCut:
+                raise
+            except Exception as again:
+                raise SpansCut(REFUSED) from again
+        self.form = form
+        return out if wants_heads else join_heads(out)
+
+    def _attend(self, run, form: str, start: int, q, k, v, heads: int, kwargs: dict) -> torch.Tensor:
+        """The merged attention (B, H, L_q, e) of q / k / v (B, H, L, e) in `form`."""
+        plan = self.plan.balanced() if form == EQUAL_MASS else self.plan
+        k, v = merge_key_rows(k, plan, start), merge_key_rows(v, plan, start)
         if kwargs.get("mask") is not None:
-            kwargs["mask"] = merged_key_mask(kwargs["mask"], self.plan, start)
-        bias = key_bias(self.plan, start, k.shape[2], q) if self.mass else None
+            kwargs = kwargs | {"mask": merged_key_mask(kwargs["mask"], plan, start)}
+        bias = key_bias(plan, start, k.shape[2], q) if form == CHANNEL else None
         width = q.shape[-1]
         if bias is not None:
-            q, k, v = with_mass_channel(q, k, v, bias)
-        wants_heads = bool(kwargs.get("skip_output_reshape"))
-        out = run(q, k, v, heads, **(kwargs | {"skip_reshape": True, "skip_output_reshape": True}))
-        out = out[..., :width]
-        return out if wants_heads else join_heads(out)
+            q, k, v = with_mass_channel(q, k, v, bias, kwargs.get("scale"))
+        return run(q, k, v, heads, **kwargs)[..., :width]
 
     def _check(self, keys: Keys, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> None:
         """SpansCut unless q / k / v hold the block's queries and image keys where `keys` says."""
@@ -148,29 +188,44 @@ def merged_key_mask(mask: torch.Tensor, plan: MergePlan, start: int) -> torch.Te
     return take_span(mask, mask.ndim - 1, start, plan)
 
 
-def keys_values_options(options: dict | None, plan: MergePlan, keys: Keys, mass: bool) -> tuple[dict, KeysValuesOverride]:
+def keys_values_options(
+    options: dict | None, plan: MergePlan, keys: Keys, mass: bool, kernel: tuple | None = None,
+) -> tuple[dict, KeysValuesOverride]:
     """A copy of a block's transformer_options whose first attention call merges the image keys and
-    values with `plan`, and the override (its `calls` tell whether the attention was reached)."""
+    values with `plan`, and the override (its `calls` tell whether the attention was reached).
+    kernel: (Kernel | None, name) of the call's kernel as the model call read it (CallContext.kernel),
+    None to read it here (kernel_choice.run_kernel)."""
     options = dict(options or {})
-    override = KeysValuesOverride(plan, keys, options.get(OVERRIDE), mass)
+    if kernel is None:
+        kernel = run_kernel(options, plan.device.type if plan.device is not None else "cpu")
+    kernel, name = kernel
+    override = KeysValuesOverride(plan, keys, options.get(OVERRIDE), mass, kernel, name)
     options[OVERRIDE] = override
     return options, override
 
 
-def run_with_merged_keys(call: Callable[[dict], R], options: dict | None, plan: MergePlan, keys: Keys, mass: bool) -> R | Unmerged:
+def run_with_merged_keys(
+    call: Callable[[dict], R], options: dict | None, plan: MergePlan, keys: Keys, mass: bool,
+    note: Callable[[str], None] | None = None, kernel: tuple | None = None,
+) -> R | Unmerged:
     """call(options') with options' = `options` carrying the keys/values override: the block's result,
     the layout reason when its first attention call is not the expected self-attention (the block
     then runs again unmerged), or NOT_REACHED (NOT_HANDED when `options` are not the model call's)
     with the result when no attention call reached the override (the block ran exactly as unpatched:
     counted, not run twice). A plan that keeps every token merges nothing: NOTHING_TO_MERGE (the
-    block runs as it is)."""
+    block runs as it is). kernel: as keys_values_options takes it. note("<kernel> as <form>") hears which kernel and form a merged call ran;
+    a kernel that refused the merged call is warned about once per process."""
     if plan.num_kept == plan.num_tokens:
         return NOTHING_TO_MERGE
-    patched, override = keys_values_options(options, plan, keys, mass)
+    patched, override = keys_values_options(options, plan, keys, mass, kernel)
     try:
         out = call(patched)
     except SpansCut as cut:
+        _warn_refused(override)
         return cut.unmerged
+    _warn_refused(override)
+    if override.form is not None and note is not None:
+        note(f"{override.kernel_name} as {override.form}")
     if override.calls:
         return out
     if isinstance(options, dict) and CALL_KEY in options:
@@ -181,6 +236,21 @@ def run_with_merged_keys(call: Callable[[dict], R], options: dict | None, plan: 
 
 _WARNED: list[bool] = []
 """Whether NOT_HANDED was warned about in this process (once: the run line counts every block run)."""
+
+
+def _warn_refused(override: KeysValuesOverride) -> None:
+    if override.refused is None or compiling() or "refused" in _REFUSALS:
+        return
+    _REFUSALS.add("refused")
+    log.warning(
+        "ToMA scope keys_values: the attention kernel %s refused the merged keys and values (%s); ToMA ran those "
+        "blocks %s, counted on the run line.", override.kernel_name, override.refused,
+        f"as {override.form} (the head size unchanged)" if override.form else "unmerged",
+    )
+
+
+_REFUSALS: set[str] = set()
+"""Whether a kernel's refusal was warned about in this process (once: the run line counts every block)."""
 
 
 def _warn_not_handed() -> None:

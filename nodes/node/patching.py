@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from ..families.registry import Family, apply_family, detect_family
+from ..machinery.kernel_choice import run_kernel
 from ..run.config import ToMAConfig
 from ..run.runtime import RunState
 from ..run.wrappers import apply_model_wrapper, outer_sample_wrapper
@@ -32,7 +33,7 @@ def patch_model(model, settings: ToMASettings):
     patched = model.clone()
     adapter = apply_family(family, patched, settings)
     cost = family.cost.profile(patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
-    install_runtime(patched, ToMAConfig(settings, adapter, cost))
+    install_runtime(patched, ToMAConfig(settings, adapter, cost, run_kernel))
     install_device_clones(patched, family, settings)
     for note in settings.notes():
         log.warning("ToMA: %s", note)

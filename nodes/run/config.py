@@ -3,6 +3,7 @@ node runs and read by the per-run state (runtime.py) and the run line's record (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..contract import FamilyAdapter
@@ -18,6 +19,10 @@ class ToMAConfig:
     settings: ToMASettings
     adapter: FamilyAdapter
     cost: CostProfile | None = None
+    kernel_reader: Callable[[dict, str], tuple] | None = None
+    """(transformer_options, device type) -> (Kernel | None, name): the attention kernel a model call
+    runs (nodes/machinery/kernel_choice.run_kernel, handed in by the node layer), read eagerly per call
+    for scope keys_values (its merged form depends on it) outside any compiled region."""
 
     @property
     def off_reason(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .gain import (
@@ -93,6 +93,8 @@ class RunRecord:
     settings: str
     gain: RunGain | None
     auto: tuple[Measured, ...] = ()
+    attention: dict[str, int] = field(default_factory=dict)
+    """Scope keys_values: merged attention calls by "<kernel> as <form>" (the line's "attention:" part)."""
 
     def line(self) -> str:
         """The one-line run summary: its parts joined by " | "."""
@@ -106,6 +108,8 @@ class RunRecord:
             f"{self.plans_built} plans built",
             "unmerged: " + (", ".join(unmerged) or "none"),
         ]
+        if self.attention:
+            parts.append(ATTENTION + ", ".join(f"{n} calls {what}" for what, n in self.attention.items()))
         if self.status is not None:
             parts.append(STATUS_TEXT[self.status].format(eligible_calls=self.eligible_calls))
         parts.append(self.settings)
@@ -132,6 +136,8 @@ def parse_run_line(line: str) -> RunRecord:
     plans = _match(r"(\d+) plans built", parts[3])
     calls, block_runs = _unmerged(_match(r"unmerged: (.*)", parts[4])[1])
     rest = parts[5:]
+    attention = _attention(rest[0][len(ATTENTION):]) if rest[0].startswith(ATTENTION) else {}
+    rest = rest[1:] if attention else rest
     status, eligible = _status(rest[0])
     if status is not None:
         rest = rest[1:]
@@ -147,8 +153,17 @@ def parse_run_line(line: str) -> RunRecord:
         steps_merged=int(steps[1]), total_steps=int(steps[2]), calls_merged=int(steps[3]), total_calls=int(steps[4]),
         blocks_selected=int(blocks[1]), blocks=blocks[2], block_runs_merged=int(blocks[3]), plans_built=int(plans[1]),
         unmerged_calls=calls, unmerged_blocks=block_runs, status=status, eligible_calls=eligible,
-        settings=settings, gain=gain, auto=auto or (),
+        settings=settings, gain=gain, auto=auto or (), attention=attention,
     )
+
+
+ATTENTION = "attention: "
+
+
+def _attention(text: str) -> dict[str, int]:
+    """"<n> calls <kernel> as <form>, ..." -> {"<kernel> as <form>": n}."""
+    found = re.findall(r"(\d+) calls (.*?)(?=, \d+ calls |$)", text)
+    return {what: int(n) for n, what in found}
 
 
 def _stated(speedup: float) -> float:

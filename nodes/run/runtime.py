@@ -148,6 +148,8 @@ class CallContext:
     step, epoch and composition are for the wrapper and logs only: blocks never read them (under
     torch.compile every attribute a block reads is guarded; these change every step).
     block_runs / merged_blocks: this call's block runs and the merged ones among them (record_block).
+    kernel: scope keys_values: (Kernel | None, name) of the attention kernel this call runs
+    (ToMAConfig.kernel_reader), None when not read.
     """
 
     state: RunState
@@ -159,6 +161,7 @@ class CallContext:
     batch: int
     composition: tuple
     plans: dict[tuple, MergePlan] = field(default_factory=dict)
+    kernel: tuple | None = None
     block_runs: int = 0
     merged_blocks: int = 0
 
@@ -191,6 +194,13 @@ class CallContext:
                 plan = make_video_plan(features(), list(segments), height, width, s.ratio, s.tile_size, **options)
             self.plans[key] = plan
         return plan
+
+    def note_attention(self, text: str) -> None:
+        """Count one merged keys/values attention call by "<kernel> as <form>" (the run line's attention part)."""
+        if compiling():
+            return
+        with self.state.lock:
+            self.state.stats.attention[text] += 1
 
     def record_block(self, merged: bool, reason: str | None = None) -> None:
         """Count one block run (merged, or unmerged with a reason). No-op under torch.compile."""

@@ -46,6 +46,8 @@ class RunStats:
     cancelled: bool = False
     """The sampling run was stopped by the user (ComfyUI's interrupt): failed, and said so."""
     planned_steps: int = 0
+    attention: Counter = field(default_factory=Counter)
+    """Scope keys_values: merged attention calls by "<kernel> as <form>" (CallContext.note_attention)."""
     """Steps of the run's schedule that the sigma window and merge_every make merge steps."""
 
 
@@ -85,6 +87,7 @@ def run_record(
         settings=config.settings.describe(),
         gain=RunGain.of(gain) if gain is not None else None,
         auto=tuple(stated_auto(m) for m in auto),
+        attention=dict(stats.attention),
     )
 
 

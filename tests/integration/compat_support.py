@@ -66,6 +66,7 @@ def record_attention(
         calls.append(entry(int(q.shape[0]), int(q.shape[dim]), int(k.shape[dim]), kwargs.get("mask")))
         return func(q, k, v, heads, *args, **kwargs)
 
+    override.hands_on = True  # ComfyUI's own function runs: the kernel ToMA reads (nodes/machinery/kernel_choice.py)
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
     return clone, calls

@@ -130,6 +130,7 @@ def attention_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list, 
         calls.append(tuple(t.detach().clone() for t in tensors))
         return func(q, k, v, heads, *args, **kwargs)
 
+    override.hands_on = True  # ComfyUI's own function runs: the kernel ToMA reads (nodes/machinery/kernel_choice.py)
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
     kw = {"steps": 1, "cfg": 1.0} | kw
@@ -181,6 +182,7 @@ def heads_first_inputs(tiny: Any, model: Any, latent: tuple[int, ...], pos: list
         calls.append(tuple(t.detach().clone() for t in tensors))
         return func(q, k, v, heads, *args, **kwargs)
 
+    override.hands_on = True  # ComfyUI's own function runs: the kernel ToMA reads (nodes/machinery/kernel_choice.py)
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
     return calls, sample(tiny, clone, latent, pos, neg, steps=1, cfg=1.0)
