@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..contract import Unmerged
+from ..run.runtime import compiling
 
 SPARSE_MODULE = "nodes_sparse_attention"
 SPARSE_QUALNAME = "make_attention_override.<locals>.override"
@@ -58,6 +59,11 @@ def is_radial_kernel(func: Any) -> bool:
 
 
 def _closure(func: Any) -> dict[str, Any]:
+    """A function's closure variables by name; none while torch.compile traces (Dynamo cannot trace a
+    read of another function's cells): the sparse node is then found only as ToMA's own `inner` and
+    judged by its published contract."""
+    if compiling():
+        return {}
     code, cells = getattr(func, "__code__", None), getattr(func, "__closure__", None) or ()
     return dict(zip(code.co_freevars, (cell.cell_contents for cell in cells))) if code is not None else {}
 
