@@ -54,10 +54,12 @@ def dispatch_frame() -> dict[str, Any] | None:
 
 def preferred_kernel(func: Callable) -> Callable:
     """The calling layer's preferred kernel (its ComfyAttention's `function`) where wrap_attn popped
-    one that is set, else `func` (ComfyUI 0.33 and 0.3.64 have no preferred_attention)."""
-    frame = dispatch_frame()
-    function = getattr((frame or {}).get("preferred_attention"), "function", None)
-    return func if function is None else function
+    one that is set and `func` is the default kernel wrap_attn handed out (an override above ToMA that
+    chose another kernel keeps its choice); else `func` (ComfyUI 0.33 and 0.3.64 have no
+    preferred_attention)."""
+    frame = dispatch_frame() or {}
+    function = getattr(frame.get("preferred_attention"), "function", None)
+    return function if function is not None and func is frame.get("func") else func
 
 
 def enter(override: Any, func: Callable, q, k, v, heads: int, kwargs: dict) -> Callable:
