@@ -24,6 +24,7 @@ sparse node, loaded by ComfyUI under a path-derived module name), never by their
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +41,9 @@ SPARSE_MIN_TOKENS = 12288
 
 SPARSE_ASIDE = Unmerged("Model Sparse Attention runs this self-attention sparse on every key: ToMA keys_values steps aside")
 RADIAL_ASIDE = Unmerged("RadialAttn runs this self-attention on every key: ToMA keys_values steps aside")
+RADIAL_BLOCK = Unmerged("RadialAttn runs this block's attention on the video's own token layout: ToMA's block merge steps aside")
+RADIAL_SWAP = "maybe_radial_attn"
+"""The function RadialAttn puts in place of comfy.ldm.wan.model.optimized_attention inside its step window."""
 
 LINKS = ("inner", "previous")
 """Where a chained override keeps the one it hands calls on to: ToMA's `inner` attribute, the sparse
@@ -107,3 +111,17 @@ def step_aside_reason(kernel: Callable, inner: Any, q, k, v, heads: int, kwargs:
     if any(is_sparse_override(o) and sparse_would_run(o, q, k, v, heads, kwargs) for o in chain(inner)):
         return SPARSE_ASIDE
     return None
+
+
+def radial_runs_block(options: dict | None) -> bool:
+    """Whether RadialAttn runs this Wan block's self-attention radial (for scope block, whose merged
+    tokens its radial mask, laid out over the video's frames, cannot take): its options are in the
+    block's transformer_options ("radial_attn"), comfy.ldm.wan.model's optimized_attention is its
+    `maybe_radial_attn` (inside its step window), and the block is at or past its `dense_block`."""
+    radial = (options or {}).get("radial_attn")
+    if not isinstance(radial, dict):
+        return False
+    current = getattr(sys.modules.get("comfy.ldm.wan.model"), "optimized_attention", None)
+    if getattr(current, "__qualname__", "").rsplit(".", 1)[-1] != RADIAL_SWAP:
+        return False
+    return options.get("block_index", -1) >= radial.get("dense_block", 0)

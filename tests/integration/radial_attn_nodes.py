@@ -1,7 +1,8 @@
 """A CPU stand-in for ComfyUI-RadialAttn's "PatchRadialAttn", written from its published source
 (woct0rdho/ComfyUI-RadialAttn@effd40139023520318e5ebd900d0a90d566ffc5f nodes.py).
 
-Kept from the source: no attention override; a model-function wrapper that, inside its step window
+Kept from the source: no attention override; its options in the model's transformer_options
+("radial_attn": dense_block, dense_timestep, last_dense_timestep); a model-function wrapper that, inside its step window
 (after `dense_timestep` steps, before the last `last_dense_timestep`), puts `maybe_radial_attn` in
 place of comfy.ldm.wan.model's optimized_attention for the model call; from block `dense_block` on it
 calls `get_radial_attn_func(...)`'s `radial_attn_func`, a function under ComfyUI's `wrap_attn`, which
@@ -43,6 +44,8 @@ def patch_radial_attn(model: Any, monkeypatch: Any, dense_block: int, dense_time
     calls: list = []
     radial_attn_func = get_radial_attn_func(calls)
     model = model.clone()
+    options = {"dense_block": dense_block, "dense_timestep": dense_timestep, "last_dense_timestep": last_dense_timestep}
+    model.model_options.setdefault("transformer_options", {})["radial_attn"] = options
 
     def unet_wrapper_function(model_function, kwargs):
         timestep, c = kwargs["timestep"], kwargs["c"]

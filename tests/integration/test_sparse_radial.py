@@ -115,13 +115,18 @@ def test_model_sparse_attention_off_head_size_merges_every_block(
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("scope", ["keys_values", "block"])
 @pytest.mark.parametrize("order", ORDERS)
 def test_radial_attention_keeps_its_radial_calls(
-    wan: Any, tiny: Any, toma: Any, foreign: Any, order: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    wan: Any, tiny: Any, toma: Any, foreign: Any, order: str, scope: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """RadialAttn from block 1 after 1 dense step: every self-attention that runs radial without ToMA
-    runs radial with ToMA on every key, counted on the run line; the other block runs merge."""
+    runs radial with ToMA on every key (scope block: on every token of the block), counted on the run
+    line; the other block runs merge."""
     import radial_attn_nodes
+
+    monkeypatch.setitem(KV, "scope", scope)
+    aside = foreign.RADIAL_ASIDE if scope == "keys_values" else foreign.RADIAL_BLOCK
 
     model = wan.build_wan("t2v", num_layers=3)
 
@@ -138,6 +143,6 @@ def test_radial_attention_keeps_its_radial_calls(
     out = sample(wan, tiny, patched)
     run = run_records(caplog)[-1]
     assert [shape for what, shape in calls if what == "radial"] == radial_calls
-    assert run.unmerged_blocks == {foreign.RADIAL_ASIDE.reason: len(radial_calls)}, run
+    assert run.unmerged_blocks == {aside.reason: len(radial_calls)}, run
     assert run.block_runs_merged == STEPS * 3 - len(radial_calls) > 0, run
     assert torch.isfinite(out).all()
