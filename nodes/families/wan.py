@@ -31,7 +31,9 @@ Variants: Bernini in-context latents pass through (above; beside a per-frame vec
 unmerged, see `merged_vec`). VACE's vace blocks run outside the block keys at full N and stay
 unmerged (the main blocks merge). S2V blocks get no transformer_options and a per-segment
 modulation: its calls run unmerged and the run's log line says so. Camera, HuMo, Animate and
-unknown subclasses are refused with their class name.
+unknown subclasses are refused with their class name. Under ComfyUI-RadialAttn, whose radial mask
+is laid out over the video's own tokens, scope block leaves the blocks it runs radial unmerged, with
+the reason (machinery/foreign_attention.py `radial_runs_block`).
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ import torch
 from ...toma_core.video import Segment, SegmentPlan, frame_runs
 from ..contract import NOTHING_TO_MERGE, TOKENS_DIFFER, Unmerged
 from ..machinery.dit_blocks import DitBlocks, parse_dit_blocks
+from ..machinery.foreign_attention import RADIAL_BLOCK, radial_runs_block
 from ..machinery.geometry import VideoGeometry, text_length
 from ..machinery.hooks import install_dit_hooks
 from ..machinery.keys_values import Keys
 from ..machinery.runner import ImageSpan, Rows, merged_dit_block
 from ..machinery.scope import require_block_scope
 from ..run.runtime import CallContext
-from ..settings import ToMASettings
+from ..settings import KEYS_VALUES, ToMASettings
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,8 @@ def image_span(args: dict, ctx: CallContext) -> ImageSpan | Unmerged:
     kept), vec per frame or per merged token."""
     g: VideoGeometry = ctx.geometry
     img = args["img"]
+    if ctx.settings.scope != KEYS_VALUES and radial_runs_block(args.get("transformer_options")):
+        return RADIAL_BLOCK
     frame_tokens = g.all_frames * g.height * g.width
     if img.shape[1] != frame_tokens + g.tail:
         return TOKENS_DIFFER

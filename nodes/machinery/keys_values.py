@@ -22,7 +22,9 @@ NOT_REACHED (another node replaced it outside ComfyUI's attention functions) or,
 none of the model call's transformer_options, NOT_HANDED (a forward loop such as TeaCache's runs the
 block without them, so no override can reach it).
 Another override already in the options (a node choosing the attention kernel, another pack's
-attention patch) stays in charge of the kernel: it receives the merged keys and values.
+attention patch) stays in charge of the kernel: it receives the merged keys and values. How the
+override meets ComfyUI's dispatch (a layer's preferred kernel, tensor containers, the caller's scale)
+and steps aside for sparse or radial attention: attention_interface.py, foreign_attention.py.
 
 Keys are merged after rope: a merged key averages its cluster's rotated keys, so its logit
 q.(M k) = sum_i M_i q.k_i is the mean of the cluster's own roped logits (exact per key, linear in
@@ -57,6 +59,7 @@ from ...toma_core.keys_values import (
 from ..contract import NOTHING_TO_MERGE, Unmerged, layout_changed
 from ..run.runtime import compiling
 from ..settings import CALL_KEY
+from .attention_interface import container_function, enter
 from .kernel_choice import run_kernel
 from .spans import SpansCut
 
@@ -121,9 +124,14 @@ class KeysValuesOverride:
         self.calls = 0
         self.form: str | None = None
         self.refused: str | None = None
+        self.aside: Unmerged | None = None
+
+    container_function = property(container_function)
+    """The chained override's container path, where it has one (attention_interface.py)."""
 
     def __call__(self, func, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, *args, **kwargs) -> torch.Tensor:
         kwargs = dict(zip(POSITIONAL, args)) | kwargs
+        func = enter(self, func, q, k, v, heads, kwargs)
         run = func if self.inner is None else (lambda *a, **kw: self.inner(func, *a, **kw))
         self.calls += 1
         keys = self.pending
@@ -212,9 +220,11 @@ def run_with_merged_keys(
     the layout reason when its first attention call is not the expected self-attention (the block
     then runs again unmerged), or NOT_REACHED (NOT_HANDED when `options` are not the model call's)
     with the result when no attention call reached the override (the block ran exactly as unpatched:
-    counted, not run twice). A plan that keeps every token merges nothing: NOTHING_TO_MERGE (the
-    block runs as it is). kernel: as keys_values_options takes it. note("<kernel> as <form>") hears which kernel and form a merged call ran;
-    a kernel that refused the merged call is warned about once per process."""
+    counted, not run twice), or the reason its override stepped aside for a sparse or radial attention
+    (attention_interface.py `enter`) with the unmerged result. A plan that keeps every token merges nothing:
+    NOTHING_TO_MERGE (the block runs as it is). kernel: as keys_values_options takes it. note("<kernel> as
+    <form>") hears which kernel and form a merged call ran; a kernel that refused the merged call is warned
+    about once per process."""
     if plan.num_kept == plan.num_tokens:
         return NOTHING_TO_MERGE
     patched, override = keys_values_options(options, plan, keys, mass, kernel)
@@ -227,7 +237,7 @@ def run_with_merged_keys(
     if override.form is not None and note is not None:
         note(f"{override.kernel_name} as {override.form}")
     if override.calls:
-        return out
+        return out if override.aside is None else replace(override.aside, result=out)
     if isinstance(options, dict) and CALL_KEY in options:
         return replace(NOT_REACHED, result=out)
     _warn_not_handed()
