@@ -33,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import defaults_search, realsize
+from . import defaults_search, gpu_check, realsize
 from . import realsize_model as model
 from . import realsize_setup as rs
 
@@ -169,11 +169,9 @@ def kernel_speedup(name: str, resolution: str, setting: model.Setting, kernel_na
 
 def toma_profile(name: str, setting: model.Setting):
     """The CostProfile the pack's patch_model builds for the full-size model at `setting` (min_tokens 0)."""
-    settings = rs.pack_module("nodes.settings")
-    toma = settings.ToMASettings(ratio=setting.ratio, tile_size=setting.tile_size, schedule=setting.schedule(),
-                                 blocks=setting.blocks, scope=setting.scope, tile_frames=setting.tile_frames or 1)
-    patched = rs.pack_module("nodes.node.patching").patch_model(rs.meta_patcher(name), toma)
-    return patched.model_options["transformer_options"][settings.TOMA_KEY].config.cost
+    toma = rs.pack_module("nodes.settings").ToMASettings(ratio=setting.ratio, tile_size=setting.tile_size, schedule=setting.schedule(),
+                                                         blocks=setting.blocks, scope=setting.scope, tile_frames=setting.tile_frames or 1)
+    return gpu_check.cost_profile(rs.meta_patcher(name), toma)
 
 
 def kernel_cells(row: Row) -> list[str]:
