@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import statistics
@@ -354,20 +355,12 @@ MODEL_MODULES = ("comfy.ldm.modules.attention", "comfy.ldm.wan.model", "comfy.ld
 
 
 def kernels_present(device: str) -> dict[str, str]:
-    """toma_core/kernels.py name -> ComfyUI attention function, for each kernel this machine imports."""
+    """toma_core/kernels.py name -> ComfyUI attention function, for each kernel installed here (sage and flash on a GPU)."""
     found = {"sdpa": "attention_pytorch"}
-    if not device.startswith("cuda"):
-        return found
-    for module, function in (("sageattention", "attention_sage"), ("flash_attn", "attention_flash")):
-        try:
-            importlib.import_module(module)
-            version = importlib.metadata.version(module)
-        except (ImportError, importlib.metadata.PackageNotFoundError):
-            continue
-        if module == "sageattention":
-            found["sage1" if version.startswith("1.") else "sage2"] = function
-        else:
-            found["flash2.8" if version >= "2.8" else "flash2"] = function
+    for module, function, name in (("sageattention", "attention_sage", lambda v: "sage1" if v < "2" else "sage2"),
+                                   ("flash_attn", "attention_flash", lambda v: "flash2.8" if v >= "2.8" else "flash2")):
+        if device.startswith("cuda") and importlib.util.find_spec(module) is not None:
+            found[name(importlib.metadata.version(module))] = function
     return found
 
 
@@ -382,8 +375,8 @@ def use_kernel(function: str) -> Any:
     return chosen
 
 
-def exact_error(kernel: str, function: Any, grid: rs.Grid, device: str, dtype: torch.dtype) -> tuple[str, float]:
-    """(form, relative error) of the merged attention the pack runs on `kernel` over Wan 14B's q / k / v
+def exact_error(function: Any, grid: rs.Grid, device: str, dtype: torch.dtype) -> tuple[str, float]:
+    """(form, relative error) of the merged attention the pack runs on ComfyUI's `function` over Wan 14B's q / k / v
     on `grid` (40 heads of 128; a plan at the node's ratio and tile) against the exact formula
     softmax(q k_m^T / sqrt(e) + log m) v_m, on the first KERNEL_CHECK_ROWS queries, in fp32."""
     core, kv = pack_module("toma_core"), pack_module("toma_core.keys_values")
@@ -406,26 +399,37 @@ def exact_error(kernel: str, function: Any, grid: rs.Grid, device: str, dtype: t
 
 
 def kernel_rows(args: argparse.Namespace, dtype: torch.dtype) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Timing rows (family, size, kernel, scope, ms, speedup) and exactness rows (kernel, form, error) per kernel present."""
-    settings = pack_module("nodes.settings")
+    """Timing rows (family, size, kernel, scope, ms, speedup) and exactness rows (kernel, form, error) per
+    kernel present; a kernel that fails (an import, a refused call) gets its reason as its form, the check goes on."""
     timings, exact = [], []
     for kernel, function in kernels_present(args.device).items():
-        chosen = use_kernel(function)
-        for name in (n for n in KERNEL_SIZES if n in args.families and not missing_class(n)):
-            chosen_sizes = sizes(name, True) if args.tiny else [real_size(name, r, f) for r, f in KERNEL_SIZES[name]]
-            for scope in ("block", "keys_values"):
-                records = measure.probe(name, [s.grid for s in chosen_sizes], settings.NODE_RATIO, settings.NODE_TILE_SIZE, 1 if args.tiny else 2,
-                                        args.device, log=log.info, dtype=dtype, overrides=TINY_OVERRIDES[name] if args.tiny else {}, scope=scope,
-                                        tile_frames=settings.NODE_TILE_FRAMES if rs.family(name).video else None)
-                for size in chosen_sizes:
-                    mine = [r for r in records if r["grid"] == [size.grid.frames, size.grid.height, size.grid.width]]
-                    unmerged, merged = (statistics.median(r[k]["call_ms"] for r in mine) for k in ("unmerged", "merged"))
-                    timings.append({"family": name, "size": size.label, "kernel": kernel, "scope": scope, "unmerged_ms": unmerged,
-                                    "merged_ms": merged, "speedup": unmerged / merged})
-        grid = TINY_SIZES["wan14b"] if args.tiny else real_size("wan14b", "480p", 81).grid
-        exact.append({"kernel": kernel, **dict(zip(("form", "error"), exact_error(kernel, chosen, grid, args.device, dtype)))})
+        try:
+            chosen = use_kernel(function)
+            timings += [row | {"kernel": kernel} for row in kernel_timings(args, dtype)]
+            grid = TINY_SIZES["wan14b"] if args.tiny else real_size("wan14b", "480p", 81).grid
+            form, error = exact_error(chosen, grid, args.device, dtype)
+        except (ImportError, RuntimeError, ValueError, AssertionError) as failure:
+            form, error = f"failed: {str(failure).splitlines()[0] if str(failure) else type(failure).__name__}", float("nan")
+        exact.append({"kernel": kernel, "form": form, "error": error})
         log.info("kernel %s: %s", kernel, exact[-1])
     return timings, exact
+
+
+def kernel_timings(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """One call of each KERNEL_SIZES family's few-block model per size, unmerged and merged at scope block and keys_values."""
+    settings, rows = pack_module("nodes.settings"), []
+    for name in (n for n in KERNEL_SIZES if n in args.families and not missing_class(n)):
+        chosen = sizes(name, True) if args.tiny else [real_size(name, r, f) for r, f in KERNEL_SIZES[name]]
+        for scope in ("block", "keys_values"):
+            records = measure.probe(name, [s.grid for s in chosen], settings.NODE_RATIO, settings.NODE_TILE_SIZE, 1 if args.tiny else 2,
+                                    args.device, log=log.info, dtype=dtype, overrides=TINY_OVERRIDES[name] if args.tiny else {}, scope=scope,
+                                    tile_frames=settings.NODE_TILE_FRAMES if rs.family(name).video else None)
+            for size in chosen:
+                mine = [r for r in records if r["grid"] == [size.grid.frames, size.grid.height, size.grid.width]]
+                unmerged, merged = (statistics.median(r[k]["call_ms"] for r in mine) for k in ("unmerged", "merged"))
+                rows.append({"family": name, "size": size.label, "scope": scope, "unmerged_ms": unmerged, "merged_ms": merged,
+                             "speedup": unmerged / merged})
+    return rows
 
 
 def kernel_table(timings: list[dict[str, Any]], exact: list[dict[str, Any]], device: str, dtype: str) -> str:
