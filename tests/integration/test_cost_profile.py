@@ -153,8 +153,8 @@ def test_auto_merges_keys_and_values_where_attention_dominates(comfy: Any) -> No
 def test_scope_auto_on_wan_14b_decides_by_the_selected_kernel(comfy: Any, kind: str | None, monkeypatch: pytest.MonkeyPatch,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     """`scope` auto on Wan 14B under ComfyUI's own attention flag (kernel_standins.install_flag): the
-    family's keys_values where the cost model predicts it pays on that kernel (at blocks 5-29, the
-    templates', and the node's ratio and tiles), else the block merge, said once when patched."""
+    family's keys_values where the cost model predicts it pays on that kernel (at blocks 5-29, 25 of
+    its 40 blocks, and the node's ratio and tiles), else the block merge, said once when patched."""
     import kernel_standins as ks
 
     settings, kernels = pack_module("nodes.settings"), pack_module("toma_core.kernels")
