@@ -137,9 +137,9 @@ def merges_seen() -> Iterator[list[tuple[Any, Any]]]:
     module = pack_module("nodes.machinery.keys_values")
     original, seen = module.keys_values_options, []
 
-    def observed(options, plan, keys, mass):
+    def observed(options, plan, keys, *rest):
         seen.append((plan, keys))
-        return original(options, plan, keys, mass)
+        return original(options, plan, keys, *rest)
 
     module.keys_values_options = observed
     try:

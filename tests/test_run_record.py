@@ -105,6 +105,18 @@ def test_the_fields_are_the_runs_counts():
     assert record.gain == report.RunGain(2.0, 1.33, True)
 
 
+ATTENTION = Counter({"sage2 (ComfyUI --use-sage-attention) as equal_mass": 12, "sage2 (KJNodes Patch Sage Attention KJ, auto) as plain": 3})
+"""Scope keys_values's merged calls by kernel and form (CallContext.note_attention)."""
+
+
+@pytest.mark.parametrize("status", list(STATUSES))
+def test_the_attention_part_reads_back(status):
+    """The kernels and forms of keys_values's merged calls, in their own part, read back with every status."""
+    record = round_trip(config_of(), stats_of(attention=ATTENTION, **STATUSES[status]), 0, GAINS[1])
+    assert record.attention == dict(ATTENTION) and record.status == status
+    assert "| attention: 12 calls sage2 (ComfyUI --use-sage-attention) as equal_mass, 3 calls " in record.line()
+
+
 def test_a_stated_speed_up_keeps_its_direction():
     slower = round_trip(config_of(), stats_of(), 0, GAINS[4]).gain
     assert slower.call < 1.0 and "1.00x slower than unmerged ones" in slower.text()

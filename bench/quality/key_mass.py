@@ -5,7 +5,11 @@
 
 Scope keys_values weighs each merged key by the tokens it stands for: log(mass) added to its logits
 through one extra query/key channel (toma_core/keys_values.py). `ToMASettings.key_mass=False` drops
-that weight (every merged key counts once). Every row patches the fixture with the settings directly
+that weight (every merged key counts once). The third column runs ComfyUI's attention under an override
+that declares SageAttention 3 (nodes/machinery/kernel_choice.py `attention_kernel`), a kernel with no
+room for the channel at any head size, so ToMA takes the form it takes on the GPU kernels at 64 / 128
+(toma_core/keys_values.py choose_form: equal_mass where every key is a merged image key, Wan's and the
+UNet's; plain beside Flux's text keys) at the same CPU arithmetic. Every row patches the fixture with the settings directly
 (the node exposes no switch), samples the same seeds as the unpatched reference (the fixture's sampler,
 every step merged, the blocks of --blocks, tile 4, min_tokens 0) and decodes with the fixture's codec; PSNR is
 per image (over the whole clip for Wan), mean over seeds. Prints one Markdown table.
@@ -63,6 +67,19 @@ def psnr(reference: torch.Tensor, image: torch.Tensor) -> float:
     return metrics.psnr(reference.float().numpy(), image.float().numpy())
 
 
+def declared(model: Any, kernel: str) -> Any:
+    """A clone whose attention override hands every call on to ComfyUI's function, declaring `kernel`."""
+    from harness.pack import pack_module
+
+    def override(func, *args, **kwargs):
+        return func(*args, **kwargs)
+
+    override.attention_kernel = pack_module("toma_core.kernels").KERNELS[kernel]
+    clone = model.clone()
+    clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = override
+    return clone
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.import_comfy(args)
@@ -70,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness.pack import pack_module
 
     core, patching, settings = (pack_module(m) for m in ("toma_core", "nodes.node.patching", "nodes.settings"))
-    print("| fixture | steps | ratio | PSNR with log-mass (dB) | PSNR without (dB) |\n|---|---:|---:|---:|---:|")
+    print("| fixture | steps | ratio | PSNR with log-mass (dB) | PSNR without (dB) | PSNR equal mass / plain (dB) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in args.families:
         model, sampler, decode, conds, shape = fixture(name)
         if args.steps:
@@ -78,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         refs = [decode(sample(model, sampler, conds, shape, s)) for s in range(args.seeds)]
         for ratio in args.ratios:
             row = []
-            for mass in (True, False):
+            for mass, kernel in ((True, None), (False, None), (True, "sage3")):
                 toma = settings.ToMASettings(
                     ratio=ratio, tile_size=4, schedule=core.MergeSchedule(0.0, 1.0), blocks=args.blocks, scope="keys_values",
                     key_mass=mass,
                 )
-                patched = patching.patch_model(model, toma)
+                patched = patching.patch_model(model if kernel is None else declared(model, kernel), toma)
                 row.append(sum(psnr(r, decode(sample(patched, sampler, conds, shape, s))) for s, r in enumerate(refs)) / len(refs))
-            print(f"| {name} | {sampler['steps']} | {ratio:g} | {row[0]:.1f} | {row[1]:.1f} |", flush=True)
+            print(f"| {name} | {sampler['steps']} | {ratio:g} | {row[0]:.1f} | {row[1]:.1f} | {row[2]:.1f} |", flush=True)
     return 0
 
 

@@ -139,7 +139,7 @@ def make_block_forward(site: TransformerSite, foreign: Callable | None = None, k
             if keys_values:
                 keys = Keys(0, x.shape[1])
                 return run_with_merged_keys(
-                    lambda options: run(x, context, options), transformer_options, plan, keys, ctx.settings.key_mass, ctx.note_attention,
+                    lambda options: run(x, context, options), transformer_options, plan, keys, ctx.settings.key_mass, ctx.note_attention, ctx.kernel,
                 )
             x_m = plan.merge(x)
             return plan.unmerge_residual(x, x_m, run(x_m, context, transformer_options))

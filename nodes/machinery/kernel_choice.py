@@ -7,7 +7,8 @@ at import as comfy.ldm.modules.attention.optimized_attention (its --use-sage-att
 An override ToMA does not know is an unknown kernel (None): the keys/values form keeps its head size
 there (toma_core/keys_values.py `choose_form`). An override that hands every call on to the function
 it is given (a recorder, a patch that only edits q / k / v) can say so with an attribute
-`hands_on = True`: the kernel is then ComfyUI's selected function's.
+`hands_on = True`: the kernel is then ComfyUI's selected function's; one that runs a kernel of
+toma_core/kernels.py can name it, `attention_kernel = KERNELS[name]`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def run_kernel(options: dict | None, device_type: str) -> tuple[Kernel | None, s
     """The kernel this model call's attention runs on a `device_type` device ("cuda", "cpu", ...) and
     a short name for the run line; None for a kernel ToMA cannot tell (an unknown override)."""
     override = (options or {}).get(OVERRIDE)
+    declared = getattr(override, "attention_kernel", None)
+    if isinstance(declared, Kernel):
+        return declared, f"{declared.name} (declared by {_qualname(override)})"
     if override is not None and not getattr(override, "hands_on", False):
         return override_kernel(override, device_type)
     import comfy.ldm.modules.attention as attention

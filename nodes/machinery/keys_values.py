@@ -188,11 +188,17 @@ def merged_key_mask(mask: torch.Tensor, plan: MergePlan, start: int) -> torch.Te
     return take_span(mask, mask.ndim - 1, start, plan)
 
 
-def keys_values_options(options: dict | None, plan: MergePlan, keys: Keys, mass: bool) -> tuple[dict, KeysValuesOverride]:
+def keys_values_options(
+    options: dict | None, plan: MergePlan, keys: Keys, mass: bool, kernel: tuple | None = None,
+) -> tuple[dict, KeysValuesOverride]:
     """A copy of a block's transformer_options whose first attention call merges the image keys and
-    values with `plan`, and the override (its `calls` tell whether the attention was reached)."""
+    values with `plan`, and the override (its `calls` tell whether the attention was reached).
+    kernel: (Kernel | None, name) of the call's kernel as the model call read it (CallContext.kernel),
+    None to read it here (kernel_choice.run_kernel)."""
     options = dict(options or {})
-    kernel, name = run_kernel(options, plan.device.type if plan.device is not None else "cpu")
+    if kernel is None:
+        kernel = run_kernel(options, plan.device.type if plan.device is not None else "cpu")
+    kernel, name = kernel
     override = KeysValuesOverride(plan, keys, options.get(OVERRIDE), mass, kernel, name)
     options[OVERRIDE] = override
     return options, override
@@ -200,18 +206,18 @@ def keys_values_options(options: dict | None, plan: MergePlan, keys: Keys, mass:
 
 def run_with_merged_keys(
     call: Callable[[dict], R], options: dict | None, plan: MergePlan, keys: Keys, mass: bool,
-    note: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None, kernel: tuple | None = None,
 ) -> R | Unmerged:
     """call(options') with options' = `options` carrying the keys/values override: the block's result,
     the layout reason when its first attention call is not the expected self-attention (the block
     then runs again unmerged), or NOT_REACHED (NOT_HANDED when `options` are not the model call's)
     with the result when no attention call reached the override (the block ran exactly as unpatched:
     counted, not run twice). A plan that keeps every token merges nothing: NOTHING_TO_MERGE (the
-    block runs as it is). note("<kernel> as <form>") hears which kernel and form a merged call ran;
+    block runs as it is). kernel: as keys_values_options takes it. note("<kernel> as <form>") hears which kernel and form a merged call ran;
     a kernel that refused the merged call is warned about once per process."""
     if plan.num_kept == plan.num_tokens:
         return NOTHING_TO_MERGE
-    patched, override = keys_values_options(options, plan, keys, mass)
+    patched, override = keys_values_options(options, plan, keys, mass, kernel)
     try:
         out = call(patched)
     except SpansCut as cut:

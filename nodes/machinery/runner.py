@@ -242,7 +242,7 @@ def run_keys_values(
         return why
     own = {rows.key: args[rows.key] for rows in tables if rows.key in args}
     run = lambda options: call(seq, own | {"transformer_options": options})  # noqa: E731
-    return run_with_merged_keys(run, args.get("transformer_options"), plan, keys, ctx.settings.key_mass, ctx.note_attention)
+    return run_with_merged_keys(run, args.get("transformer_options"), plan, keys, ctx.settings.key_mass, ctx.note_attention, ctx.kernel)
 
 
 def merged_dit_block(slot: str, locate: Callable[[dict, CallContext], ImageSpan | Unmerged]) -> MergedBlock:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...toma_core.kernels import Kernel
-
 from ..contract import FamilyAdapter
 from ..settings import ToMASettings
 from .prediction import CostProfile
@@ -16,14 +14,16 @@ from .prediction import CostProfile
 @dataclass(frozen=True)
 class ToMAConfig:
     """Immutable description of one ToMA patch. cost: the cost model's view of the patched model
-    (min_tokens "auto" and the predicted gains; prediction.py); None when there is none. kernel_of:
-    (transformer_options, device type) -> (the attention kernel a call runs, its name)
-    (machinery/kernel_choice.py run_kernel, handed down by patching.py); None: priced as the device's default."""
+    (min_tokens "auto" and the predicted gains; prediction.py); None when there is none."""
 
     settings: ToMASettings
     adapter: FamilyAdapter
     cost: CostProfile | None = None
-    kernel_of: Callable[[dict, str], tuple[Kernel | None, str]] | None = None
+    kernel_reader: Callable[[dict, str], tuple] | None = None
+    """(transformer_options, device type) -> (Kernel | None, name): the attention kernel a model call
+    runs (nodes/machinery/kernel_choice.run_kernel, handed in by the node layer), read eagerly per call
+    for scope keys_values (its merged form depends on it) outside any compiled region, and by min_tokens
+    "auto", whose prediction prices that kernel (None: the device's default, prediction.default_kernel)."""
 
     @property
     def off_reason(self) -> str:

@@ -148,6 +148,8 @@ class CallContext:
     step, epoch and composition are for the wrapper and logs only: blocks never read them (under
     torch.compile every attribute a block reads is guarded; these change every step).
     block_runs / merged_blocks: this call's block runs and the merged ones among them (record_block).
+    kernel: scope keys_values: (Kernel | None, name) of the attention kernel this call runs
+    (ToMAConfig.kernel_reader), None when not read.
     """
 
     state: RunState
@@ -159,6 +161,7 @@ class CallContext:
     batch: int
     composition: tuple
     plans: dict[tuple, MergePlan] = field(default_factory=dict)
+    kernel: tuple | None = None
     block_runs: int = 0
     merged_blocks: int = 0
 

@@ -20,7 +20,7 @@ import torch
 
 from ...toma_core import StepDecision
 from ..contract import CallGeometry
-from ..settings import AUTO, CALL_KEY, TOMA_KEY, ToMASettings
+from ..settings import AUTO, CALL_KEY, KEYS_VALUES, TOMA_KEY, ToMASettings
 from .current import enter_call, enter_run, leave_call, leave_run, orphan_count
 from .gain import auto_call_veto, call_key, measure_gain, warn_if_slower
 from .report import TOMA_RUN
@@ -191,9 +191,18 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
         step=decision.step if decision else -1, epoch=epoch,
         geometry=geometry, batch=batch, composition=composition,
         plans=state.plans_for(batch, composition, epoch or 0) if reason is None else {},
+        kernel=_kernel(state, options, x) if reason is None else None,
     )
     _count_call(state, ctx)
     return ctx
+
+
+def _kernel(state: RunState, options: dict, x: torch.Tensor) -> tuple | None:
+    """The attention kernel a keys_values call runs (ToMAConfig.kernel_reader), read here, eagerly."""
+    reader = state.config.kernel_reader
+    if reader is None or state.config.settings.scope != KEYS_VALUES:
+        return None
+    return reader(options, x.device.type)
 
 
 def call_veto(
@@ -225,10 +234,10 @@ def call_veto(
 
 def _auto_veto(state: RunState, geometry: CallGeometry, x: torch.Tensor, options: dict) -> str | None:
     """min_tokens "auto" for this call (gain.auto_call_veto): the cost model decides, on the kernel
-    the call's attention runs (ToMAConfig.kernel_of), or the run's timing where its prediction is
+    the call's attention runs (ToMAConfig.kernel_reader), or the run's timing where its prediction is
     close (not under torch.compile)."""
-    device, kernel_of = x.device.type, state.config.kernel_of
-    kernel = kernel_of(options, device)[0] if kernel_of is not None else None
+    device, reader = x.device.type, state.config.kernel_reader
+    kernel = reader(options, device)[0] if reader is not None else None
     return auto_call_veto(state.config.cost, state.timer, geometry, device, int(x.shape[0]), not state.stats.compiled, kernel)
 
 

@@ -131,3 +131,33 @@ def test_kjnodes_override(mode: str, order: str, family: str, models: dict, tiny
     else:
         patched = toma.patch(ks.install_kjnodes(option, kernel, model, monkeypatch), **settings)
     check(family, model, patched, kernel, models, tiny, caplog)
+
+
+def test_run_kernel_reads_the_override_chain(tiny_flux: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nodes/machinery/kernel_choice.py: ComfyUI's selection (attention_pytorch on a CPU: the matmul
+    kernel; attention_sage: SageAttention 2), ComfyUI's set_model_optimized_attention, an override that
+    hands on or declares its kernel, and an unknown override (None, named by its qualified name)."""
+    from harness.pack import pack_module
+
+    choice = pack_module("nodes.machinery.kernel_choice")
+    kernels = pack_module("toma_core.kernels").KERNELS
+    import comfy.ldm.modules.attention as attention
+
+    monkeypatch.setattr(attention, "optimized_attention", attention.attention_pytorch)
+    assert choice.run_kernel(None, "cpu")[0] is kernels["matmul"] and choice.run_kernel({}, "cuda")[0] is kernels["sdpa"]
+
+    def unknown(func, *args, **kwargs):
+        return func(*args, **kwargs)
+
+    kernel, name = choice.run_kernel({"optimized_attention_override": unknown}, "cpu")
+    assert kernel is None and name.startswith("unknown override ") and "unknown" in name
+    unknown.hands_on = True
+    assert choice.run_kernel({"optimized_attention_override": unknown}, "cpu")[0] is kernels["matmul"]
+    unknown.attention_kernel = kernels["flash3"]
+    assert choice.run_kernel({"optimized_attention_override": unknown}, "cpu")[0] is kernels["flash3"]
+    if hasattr(tiny_flux, "set_model_optimized_attention"):
+        clone = tiny_flux.clone()
+        clone.set_model_optimized_attention(attention.attention_pytorch)
+        assert choice.run_kernel(clone.model_options["transformer_options"], "cuda")[0] is kernels["sdpa"]
+    ks.install_flag("sage2", ks.sage2(), monkeypatch)
+    assert choice.run_kernel(None, "cuda") == (kernels["sage2"], "sage2 (ComfyUI --use-sage-attention)")
