@@ -15,8 +15,12 @@ log-mass channel (toma_core/keys_values.py):
 
 with k = n (1 - ratio) destinations per plan tile of n tokens: only attention shrinks, and the gain
 is bounded by the attention's share of the block), times the batch B, and the kernel launches,
-priced at LAUNCH[device] flop-equivalents each
-(BLOCK_OPS per block, MERGE_OPS more per merged block, PLAN_OPS per plan). A CPU runs the launches
+priced per attention kernel (toma_core/kernels.py): every attention term is divided by the kernel's
+speed against SDPA (a faster kernel shrinks attention's share of a block, so merging gains less; the
+merge's own work is unchanged), and the keys/values padding e' / e becomes the kernel's bucket of e'
+over its bucket of e for the channel form, 1 for the forms that keep the head (equal_mass, plain:
+toma_core/keys_values.py choose_form); a matmul kernel (a CPU's SDPA) pays e' / e itself. Launches are
+priced at LAUNCH[device] flop-equivalents each (BLOCK_OPS per block, MERGE_OPS more per merged block, PLAN_OPS per plan). A CPU runs the launches
 and the work one after the other (their sum); a GPU launches asynchronously, so a block takes the
 longer of its work and its launches: a small call that merging would shorten is launch-bound and
 gains nothing.
@@ -72,6 +76,12 @@ from .cost_constants import (
     SERIAL,
     TILE_TOKENS,
 )
+from .kernels import KERNELS, MATMUL, Kernel
+
+
+CHANNEL = "channel"
+"""The keys/values form that carries log m in an extra head channel (toma_core/keys_values.py CHANNEL):
+the only form whose head size, and so its kernel bucket, grows."""
 
 
 def padded_head(size: int) -> int:
@@ -109,6 +119,8 @@ class BlockCost:
     whole block runs on the D merged tokens; "attention", only its attention does, its per-token
     layers run on all N; "keys_values", every token keeps its query and its layers, the attention
     runs over D merged image keys. head: the attention's head size e (the keys/values scope pads it).
+    kernel: the attention kernel it runs on (toma_core/kernels.py; a matmul kernel by default, the
+    CPU calibration's). form: the keys/values form its merged attention takes (keys_values.choose_form).
     """
 
     width: int
@@ -120,6 +132,18 @@ class BlockCost:
     merged: bool = False
     scope: str = "block"
     head: int = HEAD_WIDTH
+    kernel: Kernel = KERNELS[MATMUL]
+    form: str = CHANNEL
+
+
+def head_cost(block: BlockCost) -> float:
+    """A keys/values block's merged attention cost per key against the unmerged call's: the channel's
+    wider head at the kernel's bucket (kernels.Kernel.cost_ratio of e and e'); 1 for a form that keeps
+    the head, and where the kernel refuses e' (keys_values.py then retries the call at e)."""
+    if block.form != CHANNEL:
+        return 1.0
+    ratio = block.kernel.cost_ratio(block.head, padded_head(block.head))
+    return 1.0 if ratio is None else ratio
 
 
 def block_flops(block: BlockCost, tokens: float, others: float, attended: float | None = None) -> float:
@@ -128,7 +152,7 @@ def block_flops(block: BlockCost, tokens: float, others: float, attended: float 
     extra = others if block.joint else 0.0
     work = block.linear * (tokens + extra) * block.width ** 2
     if block.attention:
-        work += attention_rate(block.head) * ((tokens if attended is None else attended) + extra) ** 2 * block.width
+        work += attention_rate(block.head) * ((tokens if attended is None else attended) + extra) ** 2 * block.width / block.kernel.speed
     return work
 
 
@@ -147,14 +171,14 @@ def merged_block_flops(block: BlockCost, tokens: float, others: float, kept: flo
 
 def keys_values_flops(block: BlockCost, tokens: float, others: float, kept: float, tile_tokens: int = TILE_TOKENS) -> float:
     """One keys/values block: its per-token layers on every token, its self-attention's L queries
-    over L_kv = D + others keys in heads padded to e' (the log-mass channel), plus the K / V merge:
+    over L_kv = D + others keys at the form's head cost (head_cost) and the kernel's speed, plus the K / V merge:
     the tiles' (k, n) @ (n, C) matmuls on K and V, KV_MERGE k flops per image token and channel
     (k = n * kept destinations of a tile of n tokens), and the copies around them (KV_MOVE)."""
     extra = others if block.joint else 0.0
     work = block.linear * (tokens + extra) * block.width ** 2
     if block.attention:
-        rate = attention_rate(block.head, padded_head(block.head))
-        work += rate * (tokens + extra) * (tokens * kept + extra) * block.width
+        rate = ATTENTION * head_cost(block) + SCORE / block.head  # attention_rate at the kernel's bucket of the form's head
+        work += rate * (tokens + extra) * (tokens * kept + extra) * block.width / block.kernel.speed
     destinations = max(1.0, min(tile_tokens, tokens) * kept)
     return work + (KV_MERGE * destinations + KV_MOVE) * tokens * block.width
 

@@ -19,6 +19,13 @@ Sections of the file, each written as soon as it is done (a run cut short keeps 
 3. Fixture quality: each trained fixture (fixtures/, harness/trained.py and trained_video.py)
    sampled in fp32 and in bf16, unpatched and at the ToMA Patch node's defaults (min_tokens 0, as
    trained.patch_at_node_defaults says why); PSNR against the fp32 unpatched result.
+5. Attention kernels (`--kernels-only` runs this section alone, under 8 minutes on one H100): on each kernel
+   this machine imports (SDPA always; sageattention, flash_attn, installed as ComfyUI's flags select
+   them), one call of the few-block model unpatched, merged at scope block and at keys_values (a Wan
+   14B block at 480p / 720p x 81, a Flux block at 2048 px; --tiny: toy sizes, SDPA only), and the
+   merged attention of the form the pack runs on that kernel (keys_values.choose_form) against the exact
+   proportional-attention formula on the Wan 480p call's q / k / v (first KERNEL_CHECK_ROWS queries).
+   --kernels-json writes the rows for bench/speed/what_you_get.py (GPU_KERNELS).
 4. MultiGPU CFG Split (bench/speed/multigpu_check.py), on a machine with two GPUs and a ComfyUI that
    has it (0.33): Flux and SDXL sampled with ToMA on one GPU and split over two, each GPU's calls
    counted, the run lines' counts and the latents compared; elsewhere the section says why it was
@@ -32,6 +39,10 @@ small grids, and samples the fixtures for TINY_STEPS steps: the same code paths 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
+import importlib.util
+import json
 import logging
 import statistics
 import sys
@@ -335,6 +346,103 @@ def multigpu_section(args: argparse.Namespace, dtype: torch.dtype) -> str:
     return multigpu.table(rows, failed)
 
 
+# ------------------------------------------------------------------------------ 5. kernels
+
+KERNEL_SIZES = {"wan14b": [("480p", 81), ("720p", 81)], "flux": [("2048", 1)]}
+KERNEL_CHECK_ROWS = 1024
+MODEL_MODULES = ("comfy.ldm.modules.attention", "comfy.ldm.wan.model", "comfy.ldm.flux.math")
+"""The modules that import ComfyUI's selected `optimized_attention` by name (its flags set it at import)."""
+
+
+def kernels_present(device: str) -> dict[str, str]:
+    """toma_core/kernels.py name -> ComfyUI attention function, for each kernel installed here (sage and flash on a GPU)."""
+    found = {"sdpa": "attention_pytorch"}
+    for module, function, name in (("sageattention", "attention_sage", lambda v: "sage1" if v < "2" else "sage2"),
+                                   ("flash_attn", "attention_flash", lambda v: "flash2.8" if v >= "2.8" else "flash2")):
+        if device.startswith("cuda") and importlib.util.find_spec(module) is not None:
+            found[name(importlib.metadata.version(module))] = function
+    return found
+
+
+def use_kernel(function: str) -> Any:
+    """Make ComfyUI's `function` the models' optimized_attention, as its flag does; return it."""
+    attention = importlib.import_module(MODEL_MODULES[0])
+    if function == "attention_sage" and not hasattr(attention, "sageattn"):
+        attention.sageattn = importlib.import_module("sageattention").sageattn
+    chosen = getattr(attention, function)
+    for module in MODEL_MODULES:
+        setattr(importlib.import_module(module), "optimized_attention", chosen)
+    return chosen
+
+
+def exact_error(function: Any, grid: rs.Grid, device: str, dtype: torch.dtype) -> tuple[str, float]:
+    """(form, relative error) of the merged attention the pack runs on ComfyUI's `function` over Wan 14B's q / k / v
+    on `grid` (40 heads of 128; a plan at the node's ratio and tile) against the exact formula
+    softmax(q k_m^T / sqrt(e) + log m) v_m, on the first KERNEL_CHECK_ROWS queries, in fp32."""
+    core, kv = pack_module("toma_core"), pack_module("toma_core.keys_values")
+    settings = pack_module("nodes.settings")
+    gen = torch.Generator(device).manual_seed(0)
+    q, k, v = (torch.randn(1, 40, grid.tokens, 128, generator=gen, device=device).to(dtype) for _ in range(3))
+    features = torch.randn(1, grid.tokens, 64, generator=gen, device=device)
+    plan = core.make_plan(features, grid.frames * grid.height, grid.width, settings.NODE_RATIO, settings.NODE_TILE_SIZE)
+    run_kernel = pack_module("nodes.machinery.kernel_choice").run_kernel
+    form = kv.choose_form(run_kernel(None, device.split(":")[0])[0], 128, True)  # as the pack picks it for this call
+    plan = plan.balanced() if form == kv.EQUAL_MASS else plan
+    km, vm = kv.merge_key_rows(k, plan, 0), kv.merge_key_rows(v, plan, 0)
+    bias = plan.size_bias()
+    args = kv.with_mass_channel(q, km, vm, bias) if form == kv.CHANNEL else (q, km, vm)
+    out = function(*args, heads=40, skip_reshape=True, skip_output_reshape=True)[:, :, :KERNEL_CHECK_ROWS, :128]
+    rows = q[:, :, :KERNEL_CHECK_ROWS].float()
+    scores = rows @ km.float().transpose(-1, -2) / 128 ** 0.5 + (0 if bias is None else bias.float()[:, None, None, :])
+    expected = scores.softmax(-1) @ vm.float()
+    return form, float((out.float() - expected).norm() / expected.norm())
+
+
+def kernel_rows(args: argparse.Namespace, dtype: torch.dtype) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Timing rows (family, size, kernel, scope, ms, speedup) and exactness rows (kernel, form, error) per
+    kernel present; a kernel that fails (an import, a refused call) gets its reason as its form, the check goes on."""
+    timings, exact = [], []
+    for kernel, function in kernels_present(args.device).items():
+        try:
+            chosen = use_kernel(function)
+            timings += [row | {"kernel": kernel} for row in kernel_timings(args, dtype)]
+            grid = TINY_SIZES["wan14b"] if args.tiny else real_size("wan14b", "480p", 81).grid
+            form, error = exact_error(chosen, grid, args.device, dtype)
+        except (ImportError, RuntimeError, ValueError, AssertionError) as failure:
+            form, error = f"failed: {str(failure).splitlines()[0] if str(failure) else type(failure).__name__}", float("nan")
+        exact.append({"kernel": kernel, "form": form, "error": error})
+        log.info("kernel %s: %s", kernel, exact[-1])
+    return timings, exact
+
+
+def kernel_timings(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """One call of each KERNEL_SIZES family's few-block model per size, unmerged and merged at scope block and keys_values."""
+    settings, rows = pack_module("nodes.settings"), []
+    for name in (n for n in KERNEL_SIZES if n in args.families and not missing_class(n)):
+        chosen = sizes(name, True) if args.tiny else [real_size(name, r, f) for r, f in KERNEL_SIZES[name]]
+        for scope in ("block", "keys_values"):
+            records = measure.probe(name, [s.grid for s in chosen], settings.NODE_RATIO, settings.NODE_TILE_SIZE, 1 if args.tiny else 2,
+                                    args.device, log=log.info, dtype=dtype, overrides=TINY_OVERRIDES[name] if args.tiny else {}, scope=scope,
+                                    tile_frames=settings.NODE_TILE_FRAMES if rs.family(name).video else None)
+            for size in chosen:
+                mine = [r for r in records if r["grid"] == [size.grid.frames, size.grid.height, size.grid.width]]
+                unmerged, merged = (statistics.median(r[k]["call_ms"] for r in mine) for k in ("unmerged", "merged"))
+                rows.append({"family": name, "size": size.label, "scope": scope, "unmerged_ms": unmerged, "merged_ms": merged,
+                             "speedup": unmerged / merged})
+    return rows
+
+
+def kernel_table(timings: list[dict[str, Any]], exact: list[dict[str, Any]], device: str, dtype: str) -> str:
+    lines = [f"## Attention kernels ({dtype}, {device})", "", "One call of the few-block model per kernel, unpatched and merged at the "
+             "node's ratio and tile on every block; the merged attention's form on the kernel against the exact formula.", "",
+             "| family | size | kernel | scope | unmerged ms | merged ms | speed-up |", "|---|---|---|---|---:|---:|---:|"]
+    lines += [f"| {r['family']} | {r['size']} | {r['kernel']} | {r['scope']} | {r['unmerged_ms']:.2f} | {r['merged_ms']:.2f} | "
+              f"{r['speedup']:.2f}x |" for r in timings]
+    lines += ["", "| kernel | form | relative error against the formula |", "|---|---|---:|"]
+    lines += [f"| {r['kernel']} | {r['form']} | {r['error']:.4f} |" for r in exact]
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------ run
 
 
@@ -378,6 +486,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--fixtures", nargs="*", default=None, help="fixtures to sample (default: every one present)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default; --tiny: 1)")
+    p.add_argument("--kernels-only", action="store_true", help="section 5 (attention kernels) alone")
+    p.add_argument("--kernels-json", type=Path, default=None, help="also write section 5's rows here (what_you_get.GPU_KERNELS)")
     return p.parse_args(argv)
 
 
@@ -397,6 +507,13 @@ def main(argv: list[str] | None = None) -> int:
     dtype = DTYPES[args.dtype]
     start = time.perf_counter()
     report = Report(args.out, header(args))
+    timings, exact = kernel_rows(args, dtype)
+    report.add(kernel_table(timings, exact, args.device, args.dtype))
+    if args.kernels_json:
+        device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device
+        args.kernels_json.write_text(json.dumps({"device": device, "rows": timings, "exact": exact}, indent=1) + "\n")
+    if args.kernels_only:
+        return 0
     rows, skipped = each_family(args.families, lambda name: timing_rows(name, args.tiny, args.device, dtype))
     report.add(timing_table(rows, skipped, args.device, args.dtype))
     rows, skipped = each_family(args.families, auto_rows)

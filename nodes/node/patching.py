@@ -2,7 +2,8 @@
 
 Clones the model, finds its family in the registry (registry.py), lets the family's
 adapter install its block hooks (`apply(model_clone, settings) -> FamilyAdapter`), reads the cost
-model's view of it (the family's CostModel, run/prediction.py), says once what it changes in the settings, and installs
+model's view of it (the family's CostModel, run/prediction.py; `scope` auto's keys_values falls back to the block
+merge on a kernel where it does not pay, prediction.CostProfile.keys_values_pays), says once what it changes in the settings, and installs
 the shared runtime: the per-run state template at transformer_options[TOMA_KEY] and the
 OUTER_SAMPLE / APPLY_MODEL wrappers under TOMA_KEY. Re-applying ToMA to a ToMA-patched model replaces the earlier patch, never stacks
 on it; the input model is never modified. Under ComfyUI's MultiGPU CFG Split and Select Model Device
@@ -12,13 +13,14 @@ each device's model copy gets the family's hooks bound to its own blocks (`insta
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ..families.registry import Family, apply_family, detect_family
 from ..machinery.kernel_choice import run_kernel
 from ..run.config import ToMAConfig
 from ..run.runtime import RunState
 from ..run.wrappers import apply_model_wrapper, outer_sample_wrapper
-from ..settings import TOMA_KEY, ToMASettings
+from ..settings import AUTO_SCOPE, KEYS_VALUES, TOMA_KEY, ToMASettings
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +31,28 @@ def patch_model(model, settings: ToMASettings):
     Raises ValueError for an unsupported model class or settings the family cannot honour.
     """
     family = detect_family(model)
-    settings = family.resolve(settings)
-    patched = model.clone()
-    adapter = apply_family(family, patched, settings)
-    cost = family.cost.profile(patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
+    patched, adapter, cost, resolved = _patched(model, family, family.resolve(settings))
+    if settings.scope == AUTO_SCOPE and resolved.scope == KEYS_VALUES:
+        kernel, name = run_kernel(model.model_options.get("transformer_options"), model.load_device.type)
+        pays, predicted = cost.keys_values_pays(kernel, model.load_device.type)
+        if not pays:
+            log.info("ToMA: scope auto runs block on %s: keys_values predicted %.2fx there", name, predicted)
+            patched, adapter, cost, resolved = _patched(model, family, replace(resolved, scope="block"))
+    settings = resolved
     install_runtime(patched, ToMAConfig(settings, adapter, cost, run_kernel))
     install_device_clones(patched, family, settings)
     for note in settings.notes():
         log.warning("ToMA: %s", note)
     log.debug("ToMA patch installed: %s, %s", family.name, settings.describe())
     return patched
+
+
+def _patched(model, family: Family, settings: ToMASettings):
+    """A clone of `model` with the family's hooks for `settings`, its adapter, its CostProfile, and `settings`."""
+    patched = model.clone()
+    adapter = apply_family(family, patched, settings)
+    cost = family.cost.profile(patched.get_model_object("diffusion_model"), adapter.num_blocks, settings, family.video)
+    return patched, adapter, cost, settings
 
 
 def install_runtime(model, config: ToMAConfig) -> None:

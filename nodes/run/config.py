@@ -22,7 +22,8 @@ class ToMAConfig:
     kernel_reader: Callable[[dict, str], tuple] | None = None
     """(transformer_options, device type) -> (Kernel | None, name): the attention kernel a model call
     runs (nodes/machinery/kernel_choice.run_kernel, handed in by the node layer), read eagerly per call
-    for scope keys_values (its merged form depends on it) outside any compiled region."""
+    for scope keys_values (its merged form depends on it) outside any compiled region, and by min_tokens
+    "auto", whose prediction prices that kernel (None: the device's default, prediction.default_kernel)."""
 
     @property
     def off_reason(self) -> str:

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ...toma_core.kernels import Kernel
 from ..contract import CallGeometry
 from .judge import Verdict, judge
 from .prediction import CostProfile
@@ -192,15 +193,17 @@ def _seconds(start: Any, end: Any) -> float:
 
 def auto_call_veto(
     cost: CostProfile | None, timer: CallTimer, geometry: CallGeometry, device: str, batch: int, measure: bool,
+    kernel: Kernel | None = None,
 ) -> str | None:
     """min_tokens "auto": why this call runs unmerged, or None when it merges. The prediction decides
     where its error range leaves no doubt; where it is close, or without a cost model, the run's own
     timing of the shape decides (CallTimer.measured_veto) when `measure` (False under torch.compile:
-    there the prediction decides, and without a cost model the call merges)."""
-    prediction = cost.predict(geometry.tokens, geometry.others, device, batch) if cost is not None else None
+    there the prediction decides, and without a cost model the call merges). The prediction prices
+    the call's attention `kernel` (None: the device's default, prediction.default_kernel)."""
+    prediction = cost.predict(geometry.tokens, geometry.others, device, batch, kernel) if cost is not None else None
     if measure and (prediction is None or prediction.close):
         return timer.measured_veto(call_key(batch, geometry), prediction.speedup if prediction is not None else None)
-    return cost.auto_veto(geometry, device, batch) if cost is not None else None
+    return cost.auto_veto(geometry, device, batch, kernel) if cost is not None else None
 
 
 @dataclass(frozen=True)

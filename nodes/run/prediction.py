@@ -9,22 +9,50 @@ width, the call's token count and the plan's tile (tile_size^2 x tile_frames tok
 the model's measured error leaves it in (toma_core.cost.call_speedup_range: the merged blocks within
 12 % and the plan within a factor 2.5 of their CPU calibrations; no lower bound on a device the model
 was not calibrated on, such as a GPU).
+
+Per attention kernel (toma_core/kernels.py): a call's prediction prices the kernel the call runs
+(nodes/machinery/kernel_choice.py run_kernel; None, an unknown one, as the device's default: SDPA on
+a GPU, matmuls on a CPU) and the keys/values form it runs there (toma_core/keys_values.py choose_form),
+and `scope` auto keeps the family's keys_values only where it pays on the patch's kernel (scope_for_kernel).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
 from ...toma_core.cost import BlockCost, call_speedup, call_speedup_range
 from ...toma_core.cost_constants import HEAD_WIDTH, TILE_TOKENS
+from ...toma_core.keys_values import choose_form
+from ...toma_core.kernels import KERNELS, MATMUL, Kernel
 from ..contract import CallGeometry
 from ..settings import ToMASettings
 
 AUTO_MIN_SPEEDUP = 1.05
 """min_tokens "auto": a call merges only when its speed-up is at least this (a few percent)."""
+
+KV_MIN_SPEEDUP = 1.1
+"""scope "auto": a family's keys_values scope is kept on a kernel where its merged call at
+SCOPE_REFERENCE_TOKENS is predicted at least this fast; below, the block merge runs (the scope study's
+keys_values rows were chosen at >= 1.1x, docs/quality.md)."""
+
+SCOPE_REFERENCE_TOKENS = 32_760
+"""Image tokens of the call scope "auto" prices: Wan 480p x 81 frames (21 x 30 x 52), the smallest
+call of the video templates that run keys_values."""
+
+
+def default_kernel(device: str) -> Kernel:
+    """The kernel a call with no known kernel is priced at: SDPA's on a GPU, a CPU's matmuls."""
+    return KERNELS["sdpa" if device == "cuda" else MATMUL]
+
+
+def on_kernel(blocks: tuple[BlockCost, ...], kernel: Kernel | None, device: str) -> tuple[BlockCost, ...]:
+    """`blocks` priced on `kernel` (None: default_kernel) in the keys/values form choose_form picks
+    there: every key is an image key where the text does not join the attention (Wan, Kandinsky 5, UNet attn1)."""
+    chosen = kernel or default_kernel(device)
+    return tuple(replace(b, kernel=chosen, form=choose_form(chosen, b.head, not b.joint)) for b in blocks)
 
 
 @dataclass(frozen=True)
@@ -59,31 +87,40 @@ class CostProfile:
     width: int
     kept: float
     tile_tokens: int = TILE_TOKENS
-    _cache: dict[tuple[int, int, str, int], Prediction] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple[int, int, str, int, str], Prediction] = field(default_factory=dict, repr=False)
 
-    def predict(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> Prediction:
+    def predict(self, tokens: int, others: int, device: str = "cpu", batch: int = 1, kernel: Kernel | None = None) -> Prediction:
         """The Prediction of a call of batch `batch`, N = `tokens` image tokens and `others` text and
-        pass-through tokens, on a device of type `device` ("cpu", "cuda", ...)."""
-        key = (tokens, others, device, batch)
+        pass-through tokens, on a device of type `device` ("cpu", "cuda", ...) whose attention runs
+        on `kernel` (None: default_kernel)."""
+        key = (tokens, others, device, batch, kernel.name if kernel else "")
         if key not in self._cache:
-            args = (self.blocks, tokens, others, self.kept, device, batch, self.tile_tokens)
+            args = (on_kernel(self.blocks, kernel, device), tokens, others, self.kept, device, batch, self.tile_tokens)
             self._cache[key] = Prediction(call_speedup(*args), *call_speedup_range(*args))
         return self._cache[key]
 
-    def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1) -> float:
+    def speedup(self, tokens: int, others: int, device: str = "cpu", batch: int = 1, kernel: Kernel | None = None) -> float:
         """Predicted unmerged / merged time of such a call (Prediction.speedup)."""
-        return self.predict(tokens, others, device, batch).speedup
+        return self.predict(tokens, others, device, batch, kernel).speedup
 
-    def auto_veto(self, geometry: CallGeometry, device: str, batch: int) -> str | None:
-        """The prediction's decision for this call on `device`: why it runs unmerged, or None when
-        merging is predicted to pay (auto_call_veto measures instead where the prediction is close)."""
-        predicted = self.speedup(geometry.tokens, geometry.others, device, batch)
+    def auto_veto(self, geometry: CallGeometry, device: str, batch: int, kernel: Kernel | None = None) -> str | None:
+        """The prediction's decision for this call on `device` and `kernel`: why it runs unmerged, or
+        None when merging is predicted to pay (auto_call_veto measures instead where the prediction is close)."""
+        predicted = self.speedup(geometry.tokens, geometry.others, device, batch, kernel)
         if predicted >= AUTO_MIN_SPEEDUP:
             return None
+        on = f"{device}, {kernel.name}" if kernel else device
         return (
-            f"min_tokens auto: merging {geometry.tokens} image tokens at width {self.width} on {device} is predicted "
+            f"min_tokens auto: merging {geometry.tokens} image tokens at width {self.width} on {on} is predicted "
             f"{predicted:.2f}x (needs {AUTO_MIN_SPEEDUP:g}x; a number in min_tokens forces merging)"
         )
+
+    def keys_values_pays(self, kernel: Kernel | None, device: str) -> tuple[bool, float]:
+        """Whether this keys_values profile's merged call at SCOPE_REFERENCE_TOKENS (no text: the
+        families that run keys_values by default take their text by cross-attention) is predicted at
+        least KV_MIN_SPEEDUP on `kernel` and `device`, and that prediction."""
+        predicted = self.speedup(SCOPE_REFERENCE_TOKENS, 0, device, 1, kernel)
+        return predicted >= KV_MIN_SPEEDUP, predicted
 
 
 class CostModel(Protocol):

@@ -184,7 +184,7 @@ def build_call(state: RunState, x: torch.Tensor, t: torch.Tensor, context: torch
     settings = state.config.settings
     geometry = state.config.adapter.call_geometry(x, context, kwargs)
     decision = state.decide(options, t)
-    reason = call_veto(settings, decision, geometry, state.config.off_reason, lambda: _auto_veto(state, geometry, x))
+    reason = call_veto(settings, decision, geometry, state.config.off_reason, lambda: _auto_veto(state, geometry, x, options))
     # The device too: a plan's tensors live on one device, and MultiGPU CFG Split runs a run's calls on several.
     composition = (tuple(options.get("cond_or_uncond") or ()), tuple(str(u) for u in options.get("uuids") or ()), str(x.device))
     batch, epoch = int(x.shape[0]), decision.epoch if decision else None
@@ -234,10 +234,13 @@ def call_veto(
     return None
 
 
-def _auto_veto(state: RunState, geometry: CallGeometry, x: torch.Tensor) -> str | None:
-    """min_tokens "auto" for this call (gain.auto_call_veto): the cost model decides, or the run's
-    timing where its prediction is close (not under torch.compile)."""
-    return auto_call_veto(state.config.cost, state.timer, geometry, x.device.type, int(x.shape[0]), not state.stats.compiled)
+def _auto_veto(state: RunState, geometry: CallGeometry, x: torch.Tensor, options: dict) -> str | None:
+    """min_tokens "auto" for this call (gain.auto_call_veto): the cost model decides, on the kernel
+    the call's attention runs (ToMAConfig.kernel_reader), or the run's timing where its prediction is
+    close (not under torch.compile)."""
+    device, reader = x.device.type, state.config.kernel_reader
+    kernel = reader(options, device)[0] if reader is not None else None
+    return auto_call_veto(state.config.cost, state.timer, geometry, device, int(x.shape[0]), not state.stats.compiled, kernel)
 
 
 def _count_call(state: RunState, ctx: CallContext) -> None:

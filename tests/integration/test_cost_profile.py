@@ -152,3 +152,26 @@ def test_auto_merges_keys_and_values_where_attention_dominates(comfy: Any) -> No
         assert reason is not None and "1024 image tokens at width 3072" in reason
     block = auto_profile(comfy, "Flux", FLUX_DEV, ratio=0.75)
     assert block.speedup(1024, 512) > flux.speedup(1024, 512)
+
+
+@pytest.mark.parametrize("kind", [None, "sage2", "flash2.8"])
+def test_scope_auto_on_wan_14b_decides_by_the_selected_kernel(comfy: Any, kind: str | None, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """`scope` auto on Wan 14B under ComfyUI's own attention flag (kernel_standins.install_flag): the
+    family's keys_values where the cost model predicts it pays on that kernel (at blocks 5-29, 25 of
+    its 40 blocks, and the node's ratio and tiles), else the block merge, said once when patched."""
+    import kernel_standins as ks
+
+    settings, kernels = pack_module("nodes.settings"), pack_module("toma_core.kernels")
+    if kind is not None:
+        ks.install_flag(kind, ks.sage2() if kind == "sage2" else ks.flash("2.8"), monkeypatch)
+    toma = dict(tile_size=settings.NODE_TILE_SIZE, ratio=settings.NODE_RATIO, tile_frames=settings.NODE_TILE_FRAMES,
+                blocks="blocks:5-29", scope=settings.NODE_SCOPE)
+    with caplog.at_level(logging.INFO, logger=pack_module("nodes.node.patching").__name__):
+        cost = auto_profile(comfy, "WAN21_T2V", WAN_14B, **toma)
+    kv = auto_profile(comfy, "WAN21_T2V", WAN_14B, **(toma | {"scope": "keys_values"}))
+    pays, predicted = kv.keys_values_pays(kernels.KERNELS[kind] if kind else None, "cpu")
+    assert {b.scope for b in cost.blocks if b.merged} == {"keys_values" if pays else "block"}
+    assert ("scope auto runs block" in caplog.text) == (not pays)
+    if kind == "sage2":
+        assert not pays and f"{predicted:.2f}x" in caplog.text

@@ -129,3 +129,19 @@ def test_multigpu_row_on_two_cpu_devices(name: str, comfy: Path, monkeypatch: py
     assert row["drift"] <= 0.02, row
     found = rows(multigpu_check.table([row], []), name)
     assert len(found) == 1 and found[0][7] == f"cpu: {steps}, cpu:0: {steps}" and found[0][8] == f"{one} / {two}"
+
+
+def test_each_kernel_present_is_timed_and_its_merged_attention_checked(report: str) -> None:
+    """Section 5 on a CPU: the SDPA kernel (ComfyUI's pytorch attention) times Wan 14B's and Flux's
+    few-block models at scope block and keys_values, and the merged attention of the form the pack
+    runs there meets the proportional-attention formula to bf16's precision."""
+    kernels = section(report, "Attention kernels")
+    for name in gpu_check.KERNEL_SIZES:
+        found = rows(kernels, name)
+        if not present(name):
+            assert not found
+            continue
+        assert [(r[2], r[3]) for r in found] == [("sdpa", "block"), ("sdpa", "keys_values")]
+        assert all(float(r[4]) > 0 and float(r[5]) > 0 for r in found)
+    (check,) = rows(kernels, "sdpa")
+    assert check[1] in ("channel", "equal_mass") and float(check[2]) < 0.02
