@@ -137,7 +137,7 @@ def make_block_forward(site: TransformerSite, foreign: Callable | None = None, k
                 return veto
             plan = level_plan(ctx, x, transformer_options)
             if keys_values:
-                keys = Keys(0, x.shape[1])
+                keys = Keys(0, x.shape[1], balance=True)
                 return run_with_merged_keys(
                     lambda options: run(x, context, options), transformer_options, plan, keys, ctx.settings.key_mass, ctx.note_attention, ctx.kernel,
                 )

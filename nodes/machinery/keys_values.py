@@ -98,11 +98,16 @@ class Keys:
     them out; the keys may be longer, e.g. cached reference keys appended after them). then: the
     image keys of the block's next attention call when that one is a self-attention over the image
     too (SD3.5-Medium's x_block_self_attn after the joint attention, mmdit._block_mixing); None: the
-    calls after this one (cross-attention) keep their keys."""
+    calls after this one (cross-attention) keep their keys. balance: where a kernel takes no wider head,
+    weigh the merged keys through an equal-mass plan (toma_core.keys_values EQUAL_MASS) rather than not
+    at all (PLAIN); only where that was measured better on a trained fixture: the UNet's attn1 (SDXL
+    fixture +2.8 / +2.1 dB over plain at ratio 0.5 / 0.75), not Wan (-6.7 / -3.9 dB: its balanced
+    spatio-temporal tiles lose more than the mass buys; docs/keys_values.md "Fixture quality per form")."""
 
     start: int
     queries: int
     then: Keys | None = None
+    balance: bool = False
 
 
 class KeysValuesOverride:
@@ -141,7 +146,7 @@ class KeysValuesOverride:
         heads_first = bool(kwargs.get("skip_reshape"))
         q, k, v = (t if heads_first else split_heads(t, heads) for t in (q, k, v))
         self._check(keys, q, k, v, kwargs.get("mask"))
-        image_only = keys.start == 0 and k.shape[2] == self.plan.num_tokens
+        image_only = keys.balance and keys.start == 0 and k.shape[2] == self.plan.num_tokens
         form = choose_form(self.kernel, q.shape[-1], image_only) if self.mass else PLAIN
         wants_heads = bool(kwargs.get("skip_output_reshape"))
         kwargs = kwargs | {"skip_reshape": True, "skip_output_reshape": True}

@@ -68,12 +68,13 @@ KJNODES = {"sage2 auto": ("auto", ks.sage2), "sage3": ("sageattn3", ks.sage3)}
 
 def expected_form(kernel: ks.StandIn, head: int, family: str) -> str:
     """The channel where the kernel runs the wider head e' = e + 8 in e's own bucket; else equal
-    mass where every key is a merged image key (Wan, the UNet's attn1); else plain (Flux)."""
+    mass where every key is a merged image key and the family balances (the UNet's attn1,
+    keys_values.py Keys.balance); else plain (Flux, Wan)."""
     try:
         free = kernel.bucket(head + 8) == kernel.bucket(head)
     except ValueError:
         free = False
-    return "channel" if free else "equal_mass" if family != "flux" else "plain"
+    return "channel" if free else "equal_mass" if family == "sdxl" else "plain"
 
 
 def check(family: str, model: Any, patched: Any, kernel: ks.StandIn, models: dict, tiny: Any, caplog: pytest.LogCaptureFixture) -> None:
