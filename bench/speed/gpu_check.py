@@ -378,7 +378,7 @@ def use_kernel(function: str) -> Any:
 def exact_error(function: Any, grid: rs.Grid, device: str, dtype: torch.dtype) -> tuple[str, float]:
     """(form, relative error) of the merged attention the pack runs on ComfyUI's `function` over Wan 14B's q / k / v
     on `grid` (40 heads of 128; a plan at the node's ratio and tile) against the exact formula
-    softmax(q k_m^T / sqrt(e) + log m) v_m, on the first KERNEL_CHECK_ROWS queries, in fp32."""
+    softmax(q k_m^T / sqrt(e) + log m) v_m (log m left out in the plain form), on the first KERNEL_CHECK_ROWS queries, in fp32."""
     core, kv = pack_module("toma_core"), pack_module("toma_core.keys_values")
     settings = pack_module("nodes.settings")
     gen = torch.Generator(device).manual_seed(0)
@@ -386,10 +386,9 @@ def exact_error(function: Any, grid: rs.Grid, device: str, dtype: torch.dtype) -
     features = torch.randn(1, grid.tokens, 64, generator=gen, device=device)
     plan = core.make_plan(features, grid.frames * grid.height, grid.width, settings.NODE_RATIO, settings.NODE_TILE_SIZE)
     run_kernel = pack_module("nodes.machinery.kernel_choice").run_kernel
-    form = kv.choose_form(run_kernel(None, device.split(":")[0])[0], 128, True)  # as the pack picks it for this call
-    plan = plan.balanced() if form == kv.EQUAL_MASS else plan
+    form = kv.choose_form(run_kernel(None, device.split(":")[0])[0], 128, False)  # as the pack picks it on Wan (Keys.balance off)
     km, vm = kv.merge_key_rows(k, plan, 0), kv.merge_key_rows(v, plan, 0)
-    bias = plan.size_bias()
+    bias = plan.size_bias() if form == kv.CHANNEL else None  # plain: every merged key counts once
     args = kv.with_mass_channel(q, km, vm, bias) if form == kv.CHANNEL else (q, km, vm)
     out = function(*args, heads=40, skip_reshape=True, skip_output_reshape=True)[:, :, :KERNEL_CHECK_ROWS, :128]
     rows = q[:, :, :KERNEL_CHECK_ROWS].float()
