@@ -141,7 +141,7 @@ def timed_runs(contenders: list[Contender], flat: list[torch.Tensor], ran: Merge
     for index, (contender, images) in enumerate(zip(contenders[1:], flat[1:]), start=1):
         out = None
         if index == 1 and ran is not None and ran.nothing:
-            out = "it merged nothing, so it ran the unpatched model"
+            out = "it merged nothing, so it ran the unpatched model (its time differs by the clock's noise alone)"
         elif index == 2 and contender is unpatched:
             saved = "ToMA merged nothing" if ran is not None and ran.nothing else f"ToMA saved less than one of {unpatched.steps} steps"
             out = f"no step to drop ({saved}): the unpatched run"
