@@ -206,8 +206,13 @@ def measured_note() -> str:
 def summary(cache: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> str:
     """The README's summary: SUMMARY's rows at the node's defaults, between the summary markers."""
     cells = [f"{r.label} at {r.size}: **{speed_cells(r, cache, plans, kvs)[0]}**" for r in rows() if r.label in SUMMARY]
+    names = dict(zip(KERNEL_COLUMNS, ("SDPA", "Sage 2", "FlashAttention 3")))
+    gpu = [f"{r.label} at {r.size}: " + ", ".join(f"{names[k]} {cell}" for k, cell in zip(KERNEL_COLUMNS, kernel_cells(r)))
+           for r in rows() if r.label in SUMMARY[2:]]
     return "\n".join([SUMMARY_START, ("Predicted speed-up of a whole run at the node's defaults (PyTorch SDPA, "
-                                      "real-width block timings on a CPU): " + "; ".join(cells) + "."), SUMMARY_END])
+                                      "real-width block timings on a CPU): " + "; ".join(cells) + ". On a GPU, over the "
+                                      "unpatched run on the same attention kernel (the cost model per kernel): " + "; ".join(gpu) + "."),
+                       SUMMARY_END])
 
 
 def part(text: str, start: str, end: str) -> str:
