@@ -19,7 +19,10 @@ Read from the kernels' own sources (../shared/research/attention_kernels.md has 
 
 Speed against SDPA's FlashAttention 2 at a native head (published): SageAttention 1 about 2.1x
 (ICLR 2025), SageAttention 2 about 3x on an RTX 4090 and 2++ about 3.9x (arXiv 2505.21136),
-FlashAttention 3 about 1.5-2x FlashAttention 2 on an H100 (arXiv 2407.08608, fp16).
+SageAttention 3 about 5x FlashAttention on an RTX 5090 (arXiv 2505.11594), FlashAttention 3 about
+1.5-2x FlashAttention 2 on an H100 (arXiv 2407.08608, fp16). Not published, assumed: comfy-kitchen's
+int8 attention at 2.0 (an int8 Q K^T like SageAttention 1's) and SpargeAttn at SageAttention 2's 3.0
+(its dense kernel; the blocks it skips are not priced).
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ KERNELS: dict[str, Kernel] = {
         Kernel("xformers", (32, 64, 96, 128, 160, 192, 256)),
         Kernel("sage1", (64, 96, 128), speed=2.1, refuses=True),
         Kernel("sage2", (64, 128), speed=3.0, refuses=True),
-        Kernel("sage3", (64, 128, 256), speed=3.0, refuses=True, exact=True),
+        Kernel("sage3", (64, 128, 256), speed=5.0, refuses=True, exact=True),
         Kernel("kitchen_int8", (128, 256), speed=2.0),
         Kernel("sparge", (64, 128), speed=3.0, refuses=True, exact=True),
         Kernel(MATMUL, ()),
