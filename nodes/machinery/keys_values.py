@@ -60,13 +60,10 @@ from ..contract import NOTHING_TO_MERGE, Unmerged, layout_changed
 from ..run.runtime import compiling
 from ..settings import CALL_KEY
 from .attention_interface import container_function, enter
-from .kernel_choice import run_kernel
+from .kernel_choice import OVERRIDE, run_kernel
 from .spans import SpansCut
 
 log = logging.getLogger(__name__)
-
-OVERRIDE = "optimized_attention_override"
-"""The transformer_options key comfy.ldm.modules.attention.wrap_attn hands every attention call to."""
 
 POSITIONAL = ("mask", "attn_precision", "skip_reshape", "skip_output_reshape")
 """The arguments after `heads` of ComfyUI's attention functions (attention_pytorch & co.), in order:
