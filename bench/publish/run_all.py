@@ -184,30 +184,29 @@ def _display(cmd: list[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
+def table_section(module: str, argv: list[str], threads: int) -> tuple[dict, list[list[str]]]:
+    """Run a bench that prints one Markdown table: the section (command, setup line, table) and the
+    table's body rows as cells."""
+    command, stdout = run_script(module, argv, threads)
+    lines = stdout.strip().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    return ({"command": command, "setup": lines[0] if lines else "", "table": table},
+            [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]])
+
+
 def core_section(args: argparse.Namespace, preset: Preset) -> dict:
     """bench_core.py's table (piece, median ms, % of one block) and its setup line."""
     dtype = "bf16" if args.device != "cpu" else "fp32"
-    command, stdout = run_script("speed.bench_core", ["--device", args.device, "--dtype", dtype, *preset.core], args.threads)
-    lines = stdout.strip().splitlines()
-    table = [line for line in lines if line.startswith("|")]
-    rows = []
-    for line in table[2:]:
-        piece, ms, pct = [c.strip() for c in line.strip("|").split("|")]
-        rows.append({"piece": piece, "ms": float(ms), "percent_of_block": float(pct.rstrip("%"))})
-    setup = next((line for line in lines if line.startswith("device=")), "")
-    return {"command": command, "setup": setup, "table": table, "rows": rows}
+    section, cells = table_section("speed.bench_core", ["--device", args.device, "--dtype", dtype, *preset.core], args.threads)
+    return section | {"rows": [{"piece": piece, "ms": float(ms), "percent_of_block": float(pct.rstrip("%"))}
+                               for piece, ms, pct in cells]}
 
 
 def wan_section(args: argparse.Namespace, preset: Preset) -> dict:
     """bench_wan.py's table (unpatched, ideal and ToMA per ratio, % of the ideal's speed-up) and its setup line."""
-    command, stdout = run_script("speed.bench_wan", ["--device", args.device, *preset.wan], args.threads)
-    lines = stdout.strip().splitlines()
-    table = [line for line in lines if line.startswith("|")]
-    rows = []
-    for line in table[2:]:
-        config, tokens, ms, speedup, *_ = [c.strip() for c in line.strip("|").split("|")]
-        rows.append({"config": config, "tokens": int(tokens), "ms": float(ms), "speedup": float(speedup)})
-    return {"command": command, "setup": lines[0] if lines else "", "table": table, "rows": rows}
+    section, cells = table_section("speed.bench_wan", ["--device", args.device, *preset.wan], args.threads)
+    return section | {"rows": [{"config": c[0], "tokens": int(c[1]), "ms": float(c[2]), "speedup": float(c[3])}
+                               for c in cells]}
 
 
 def families_section(args: argparse.Namespace, preset: Preset) -> dict:
@@ -261,10 +260,7 @@ def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict
                                          preset.sdxl_rounds, preset.sdxl_calls)
         result = model_fidelity.sdxl_family(sargs, preset.weight_seeds)
     model_fidelity.plot_family(result, Path(args.out) / f"{family}_speedup_vs_error.png")
-    section = model_fidelity.result_dict(result)
-    section["table"] = model_fidelity.markdown_table(result)
-    section["plot"] = f"{family}_speedup_vs_error.png"
-    return section
+    return result | {"table": model_fidelity.markdown_table(result), "plot": f"{family}_speedup_vs_error.png"}
 
 
 def import_comfy(args: argparse.Namespace) -> str:
