@@ -221,7 +221,7 @@ def shape_setup(name: str) -> tuple[Any, Callable[[Any], Any]]:
 
 SHAPES = {
     "wan_fixture": "the trained Wan fixture (harness/trained_video.py): width 64, 6 blocks, 9 x 16 x 16 = 2,304 tokens, cfg 1",
-    "wan_shaped": "the Wan-shaped model (harness/tiny_wan.py WAN_SHAPED, bench/speed/auto_wan.py): width 256, 4 blocks, 7 x 12 x 20 = 1,680 tokens, cfg 1",
+    "wan_shaped": "the Wan-shaped model (harness/tiny_wan.py WAN_SHAPED): width 256, 4 blocks, 7 x 12 x 20 = 1,680 tokens, cfg 1",
     "flux": "the tiny test Flux (harness/tiny_models.py): width 64, 2 + 2 blocks, 8 x 8 = 64 tokens, 256 text, cfg 2 (batch 2)",
     "sdxl": "the tiny test SDXL (harness/tiny_models.py): 32 channels, 16 x 16 latent, cfg 2 (batch 2)",
 }

@@ -30,8 +30,8 @@ TEXT_LEN = 19
 WAN_SHAPED: dict[str, Any] = {"dim": 256, "ffn_dim": 1024, "num_heads": 2, "num_layers": 4}
 """wan_config overrides of the Wan-shaped model: width 256 (2 heads of 128, Wan's head width), ffn 4x,
 4 blocks. At its latent (WAN_SHAPED_LATENT) and the node's tiles (8 x 8 x 4 frames) a call is near
-ToMA's break-even on a CPU: the plan costs about as much as merging saves (min_tokens "auto" tests
-and bench/speed/auto_wan.py)."""
+ToMA's break-even on a CPU: the plan costs about as much as merging saves (min_tokens "auto" tests;
+docs/advice.md)."""
 
 WAN_SHAPED_LATENT = (1, 16, 7, 24, 40)
 """The Wan-shaped model's latent (B, C, F, H, W): 7 x 12 x 20 = 1,680 tokens per call."""

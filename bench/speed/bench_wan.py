@@ -34,34 +34,20 @@ from .model_speed import ideal_grid
 WAN_14B = {"dim": 5120, "heads": 40, "ffn": 13824, "depth": 40, "frames": 21, "height": 30, "width": 52}
 
 
-def add_model_args(p: argparse.ArgumentParser, *, dim: int = 512, heads: int = 4, ffn: int = 1384, depth: int = 4,
-                   height: int = 12, width: int = 13) -> None:
-    """What build_model, make_call and kept_tokens read: the model's --dim, --heads, --ffn, --depth and
-    the call's --frames, --height, --width (its latent's token grid), --text (tokens) and --batch.
-    The defaults are this bench's CPU shape (the module docstring)."""
-    p.add_argument("--dim", type=int, default=dim)
-    p.add_argument("--heads", type=int, default=heads)
-    p.add_argument("--ffn", type=int, default=ffn)
-    p.add_argument("--depth", type=int, default=depth)
-    p.add_argument("--frames", type=int, default=21, help="latent frames (81 video frames -> 21)")
-    p.add_argument("--height", type=int, default=height, help="tokens per frame column")
-    p.add_argument("--width", type=int, default=width, help="tokens per frame row")
-    p.add_argument("--text", type=int, default=512)
-    p.add_argument("--batch", type=int, default=1)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--real-size", action="store_true", help="Wan 14B at 832x480x81: dim 5120, 40 blocks, 21x30x52 tokens")
-    add_model_args(p)
+    for flag, default in {"dim": 512, "heads": 4, "ffn": 1384, "depth": 4, "text": 512, "batch": 1}.items():
+        p.add_argument(f"--{flag}", type=int, default=default)
+    p.add_argument("--frames", type=int, default=21, help="latent frames (81 video frames -> 21)")
+    p.add_argument("--height", type=int, default=12, help="tokens per frame column")
+    p.add_argument("--width", type=int, default=13, help="tokens per frame row")
     p.add_argument("--tile-frames", type=int, nargs="+", default=None,
                    help="frames per tile, one ToMA row each (default: the node's default)")
     model_speed.add_args(p, repeats=7, warmup=1, clock="auto")
     args = p.parse_args(argv)
     if args.real_size:
-        w = WAN_14B
-        args.dim, args.heads, args.ffn, args.depth = w["dim"], w["heads"], w["ffn"], w["depth"]
-        args.frames, args.height, args.width = w["frames"], w["height"], w["width"]
+        vars(args).update(WAN_14B)
     return args
 
 
