@@ -58,14 +58,12 @@ from harness import comfy_env
 from harness.metrics import psnr
 from harness.pack import pack_module
 
+from ..cli import DTYPES
 from . import multigpu_check as multigpu
 from . import realsize_measure as measure
 from . import realsize_setup as rs
 
 log = logging.getLogger("bench.gpu_check")
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
 
 @dataclass(frozen=True)
 class Size:
@@ -157,11 +155,6 @@ def meta_patcher(name: str, overrides: dict[str, Any]) -> Any:
     return measure.build_reduced(name, "meta", overrides=overrides) if overrides else rs.meta_patcher(name, reduced=True)
 
 
-def others(name: str) -> int:
-    """Text tokens of the family's usual prompt (the cost profile drops them where text is cross-attention)."""
-    return rs.family(name).text_len
-
-
 # ------------------------------------------------------------------------------ 1. timings
 
 
@@ -183,7 +176,7 @@ def timing_rows(name: str, tiny: bool, device: str, dtype: torch.dtype) -> list[
         plan = statistics.median(sum(r["plan_ms"].values()) for r in mine)
         rows.append({"family": name, "size": size.label, "tokens": size.grid.tokens, "unmerged_ms": unmerged,
                      "merged_ms": merged, "plan_ms": plan, "measured": unmerged / merged,
-                     "predicted": profile.speedup(size.grid.tokens, others(name), device.split(":")[0], 1)})
+                     "predicted": profile.speedup(size.grid.tokens, rs.family(name).text_len, device.split(":")[0], 1)})
     return rows
 
 
@@ -211,10 +204,10 @@ def auto_rows(name: str) -> list[dict[str, Any]]:
     rows = []
     for size in sizes(name, tiny=False):
         g = size.grid
-        geometry = contract.CallGeometry(g.height, g.width, text_len=others(name), frames=g.frames)
+        geometry = contract.CallGeometry(g.height, g.width, text_len=rs.family(name).text_len, frames=g.frames)
         row: dict[str, Any] = {"family": name, "size": size.label, "tokens": g.tokens, "batch": batch}
         for device in ("cuda", "cpu"):
-            prediction = profile.predict(g.tokens, others(name), device, batch)
+            prediction = profile.predict(g.tokens, rs.family(name).text_len, device, batch)
             decision = "unmerged" if profile.auto_veto(geometry, device, batch) else "merge"
             row[device] = (prediction.speedup, "measured" if prediction.close else decision)
         rows.append(row)
@@ -248,40 +241,24 @@ def on_device(patcher: Any, device: str) -> Any:
                                             offload_device=torch.device("cpu"))
 
 
-def image_sampler(family: str, steps: int | None) -> Callable[[Any], torch.Tensor]:
-    """model -> the decoded (3, H, W) image of the fixture's run (its own steps, or `steps`)."""
+def fixture_sampler(fixture: str, steps: int | None) -> Callable[[Any], torch.Tensor]:
+    """model -> the decoded image (3, H, W) or clip (3, F, H, W, the "wan" fixture) of the fixture's run (its
+    own steps, or `steps`)."""
     import comfy.sample
 
     from harness import trained
-
-    positive, negative = trained.conditioning(family)
-    s = dict(trained.SAMPLER[family]) | ({"steps": steps} if steps else {})
-    empty = torch.zeros(trained.latent_shape(family))
-
-    def sample(model: Any) -> torch.Tensor:
-        noise = comfy.sample.prepare_noise(empty, 0)
-        out = comfy.sample.sample(model, noise, s["steps"], s["cfg"], s["sampler_name"], s["scheduler"], positive,
-                                  negative, empty, seed=0, disable_pbar=True)
-        return trained.decode(family, out.float().cpu())[0]
-
-    return sample
-
-
-def video_sampler(steps: int | None) -> Callable[[Any], torch.Tensor]:
-    """model -> the decoded (3, F, H, W) clip of the Wan fixture's run (its own steps, or `steps`)."""
-    import comfy.sample
-
     from harness import trained_video as tv
 
-    positive, negative = tv.conditioning()
-    s = dict(tv.SAMPLER) | ({"steps": steps} if steps else {})
-    empty = torch.zeros(tv.latent_shape())
+    video = fixture == "wan"
+    positive, negative = tv.conditioning() if video else trained.conditioning(fixture)
+    s = dict(tv.SAMPLER if video else trained.SAMPLER[fixture]) | ({"steps": steps} if steps else {})
+    empty = torch.zeros(tv.latent_shape() if video else trained.latent_shape(fixture))
 
     def sample(model: Any) -> torch.Tensor:
         noise = comfy.sample.prepare_noise(empty, 0)
         out = comfy.sample.sample(model, noise, s["steps"], s["cfg"], s["sampler_name"], s["scheduler"], positive,
-                                  negative, empty, seed=0, disable_pbar=True)
-        return tv.decode(out.float().cpu())[0]
+                                  negative, empty, seed=0, disable_pbar=True).float().cpu()
+        return (tv.decode(out) if video else trained.decode(fixture, out))[0]
 
     return sample
 
@@ -290,10 +267,8 @@ def fixture_row(fixture: str, steps: int | None, device: str, dtype: torch.dtype
     """PSNR (dB) against the fp32 unpatched result: `dtype` unpatched, fp32 and `dtype` at the node defaults."""
     from harness import trained, trained_video
 
-    if fixture == "wan":
-        sample, load = video_sampler(steps), trained_video.load_model
-    else:
-        sample, load = image_sampler(fixture, steps), (lambda dt, f=fixture: trained.load_model(f, dt))
+    sample = fixture_sampler(fixture, steps)
+    load = trained_video.load_model if fixture == "wan" else (lambda dt: trained.load_model(fixture, dt))
     full, low = on_device(load(torch.float32), device), on_device(load(dtype), device)
     reference = sample(full)
     results = {"unpatched": sample(low), "ToMA fp32": sample(trained.patch_at_node_defaults(full)),
@@ -445,20 +420,18 @@ def kernel_table(timings: list[dict[str, Any]], exact: list[dict[str, Any]], dev
 # ------------------------------------------------------------------------------ run
 
 
-class Report:
-    """The output file, rewritten whole after each section so a run cut short keeps what it finished."""
+class Report(list):
+    """The output file's sections, the file rewritten whole after each so a run cut short keeps what it finished."""
 
     def __init__(self, path: Path, header: str) -> None:
-        self.path, self.sections = path, [header]
+        super().__init__()
+        self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.write()
+        self.add(header)
 
     def add(self, text: str) -> None:
-        self.sections.append(text)
-        self.write()
-
-    def write(self) -> None:
-        self.path.write_text("\n".join(self.sections))
+        self.append(text)
+        self.path.write_text("\n".join(self))
 
 
 def each_family(names: Iterable[str], run: Callable[[str], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[str]]:
