@@ -109,23 +109,34 @@ def reconstruct(image, args: argparse.Namespace) -> Reconstruction:
 # The picture
 
 
+def overlay(rec: Reconstruction, tile_size: int, line_width: int = 2, fade: float = 0.3):
+    """A PIL image: the picture, faded towards white, with the tile grid (blue) and each destination token
+    (red dot); also make_thumbnails.py's pictures."""
+    from PIL import Image, ImageDraw
+
+    picture = Image.fromarray((rec.pixels.clamp(0, 1) * 255 + 0.5).byte().numpy())
+    picture = Image.blend(picture, Image.new("RGB", picture.size, "white"), fade)
+    draw = ImageDraw.Draw(picture)
+    step = tile_size * rec.patch
+    for x in range(0, picture.width + 1, step):
+        x = min(x, picture.width - 1)
+        draw.line([(x, 0), (x, picture.height)], fill=(30, 80, 200), width=line_width)
+    for y in range(0, picture.height + 1, step):
+        y = min(y, picture.height - 1)
+        draw.line([(0, y), (picture.width, y)], fill=(30, 80, 200), width=line_width)
+    radius = rec.patch * 0.32
+    for index in rec.plan.dst_index[0].tolist():
+        cy, cx = (index // rec.w + 0.5) * rec.patch, (index % rec.w + 0.5) * rec.patch
+        draw.ellipse([cx - radius, cy - radius, cx + radius, cy + radius], fill=(225, 30, 30), outline="white")
+    return picture
+
+
 def draw_panels(rec: Reconstruction, tile_size: int, title: str):
     """A PIL image: original | tile grid + destinations | ToMA merged -> unmerged."""
     from PIL import Image, ImageDraw
 
     to_pil = lambda t: Image.fromarray((t.clamp(0, 1) * 255 + 0.5).byte().numpy())  # noqa: E731
-    original, rebuilt = to_pil(rec.pixels), to_pil(rec.toma)
-    grid = Image.blend(original, Image.new("RGB", original.size, (255, 255, 255)), 0.45)
-    draw = ImageDraw.Draw(grid)
-    step = tile_size * rec.patch
-    for x in range(0, grid.width + 1, step):
-        draw.line([(min(x, grid.width - 1), 0), (min(x, grid.width - 1), grid.height)], fill=(40, 90, 200), width=1)
-    for y in range(0, grid.height + 1, step):
-        draw.line([(0, min(y, grid.height - 1)), (grid.width, min(y, grid.height - 1))], fill=(40, 90, 200), width=1)
-    radius = max(1.0, rec.patch / 3)
-    for index in rec.plan.dst_index[0].tolist():
-        cy, cx = (index // rec.w + 0.5) * rec.patch, (index % rec.w + 0.5) * rec.patch
-        draw.ellipse([cx - radius, cy - radius, cx + radius, cy + radius], fill=(220, 30, 30))
+    original, rebuilt, grid = to_pil(rec.pixels), to_pil(rec.toma), overlay(rec, tile_size, line_width=1, fade=0.45)
     labels = ["input", f"tiles {tile_size}x{tile_size} tokens, {rec.plan.num_kept} destinations",
               "ToMA merge -> unmerge"]
     margin, header = 8, 36

@@ -73,27 +73,6 @@ def font(size: int):
         return ImageFont.load_default()
 
 
-def overlay(rec, tile_size: int, line_width: int = 2):
-    """The picture, lightened, with the tile grid (blue) and each destination token (red dot)."""
-    from PIL import Image, ImageDraw
-
-    picture = Image.fromarray((rec.pixels.clamp(0, 1) * 255 + 0.5).byte().numpy())
-    picture = Image.blend(picture, Image.new("RGB", picture.size, "white"), 0.3)
-    draw = ImageDraw.Draw(picture)
-    step = tile_size * rec.patch
-    for x in range(0, picture.width + 1, step):
-        x = min(x, picture.width - 1)
-        draw.line([(x, 0), (x, picture.height)], fill=(30, 80, 200), width=line_width)
-    for y in range(0, picture.height + 1, step):
-        y = min(y, picture.height - 1)
-        draw.line([(0, y), (picture.width, y)], fill=(30, 80, 200), width=line_width)
-    radius = rec.patch * 0.32
-    for index in rec.plan.dst_index[0].tolist():
-        cy, cx = (index // rec.w + 0.5) * rec.patch, (index % rec.w + 0.5) * rec.patch
-        draw.ellipse([cx - radius, cy - radius, cx + radius, cy + radius], fill=(225, 30, 30), outline="white")
-    return picture
-
-
 def fitted_font(pen, text: str, size: int, width: int):
     """The largest default font of at most `size` px (down to 12) in which `text` fits `width` px."""
     while size > 12 and pen.textlength(text, font=font(size)) > width:
@@ -105,7 +84,7 @@ def thumbnail(rec, tile_size: int, caption: list[str]):
     """Overlay with the caption underneath: a title line, then smaller lines."""
     from PIL import Image, ImageDraw
 
-    picture = overlay(rec, tile_size)
+    picture = demo.overlay(rec, tile_size)
     title, *lines = caption
     canvas = Image.new("RGB", (picture.width, picture.height + 38 + 26 * len(lines)), "white")
     canvas.paste(picture, (0, 0))
@@ -146,7 +125,7 @@ def workflow_thumbnail(path: Path):
 def icon():
     """A 256 px square: the astronaut with its tile grid and destination tokens, no text."""
     rec = plan_picture("astronaut", 0.5, ICON_TILE, ICON_GRID, ICON_PATCH)
-    return overlay(rec, ICON_TILE, line_width=1)
+    return demo.overlay(rec, ICON_TILE, line_width=1)
 
 
 def workflows() -> list[Path]:
