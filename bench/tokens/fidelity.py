@@ -87,21 +87,14 @@ def load_sample_image(name: str):
 
 
 def to_rgb_float(image):
-    """Any (H, W), (H, W, 3) or (H, W, 4) uint8/bool/float array -> float32 (H, W, 3) in [0, 1]."""
+    """An (H, W) or (H, W, 3) uint8 or float array -> float32 (H, W, 3) in [0, 1]."""
     import numpy as np
 
     image = np.asarray(image)
-    if image.dtype == bool:
-        image = image.astype(np.float32)
-    elif image.dtype.kind in "ui":
-        image = image.astype(np.float32) / float(np.iinfo(image.dtype).max)
-    image = image.astype(np.float32)
+    scale = float(np.iinfo(image.dtype).max) if image.dtype.kind in "ui" else 1.0
+    image = image.astype(np.float32) / scale
     if image.ndim == 2:
         image = np.repeat(image[..., None], 3, axis=-1)
-    if image.ndim != 3 or image.shape[-1] not in (1, 3, 4):
-        raise ValueError(f"image of shape {image.shape} is not (H, W), (H, W, 3) or (H, W, 4)")
-    if image.shape[-1] == 1:
-        image = np.repeat(image, 3, axis=-1)
     return np.clip(image[..., :3], 0.0, 1.0)
 
 
@@ -187,19 +180,6 @@ class HardMerger:
         return y.gather(1, self.owner.unsqueeze(-1).expand(-1, -1, y.shape[-1]))
 
 
-class IdentityMerger:
-    """Keeps every token (ToMe's answer for r = 0 or a 1-token-wide grid)."""
-
-    def __init__(self, num_tokens: int) -> None:
-        self.num_kept = num_tokens
-
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def unmerge(self, y: torch.Tensor) -> torch.Tensor:
-        return y
-
-
 def random_cell_destinations(h: int, w: int, generator: torch.Generator, sy: int = 2, sx: int = 2) -> torch.Tensor:
     """(h*w,) bool raster mask: one random destination in every full sy x sx cell (ToMe's layout).
 
@@ -214,7 +194,7 @@ def random_cell_destinations(h: int, w: int, generator: torch.Generator, sy: int
     return mask.flatten()
 
 
-def tome_merger(metric: torch.Tensor, h: int, w: int, ratio: float, generator: torch.Generator) -> Merger:
+def tome_merger(metric: torch.Tensor, h: int, w: int, ratio: float, generator: torch.Generator) -> HardMerger:
     """ToMe's bipartite soft matching (ComfyUI `TomePatchModel`), as hard clusters.
 
     metric (B, N, C). r = int(N * ratio) sources (at most all of them) are merged, each into its
@@ -223,8 +203,8 @@ def tome_merger(metric: torch.Tensor, h: int, w: int, ratio: float, generator: t
     """
     batch, n, _ = metric.shape
     r = int(n * ratio)
-    if r <= 0 or h == 1 or w == 1:
-        return IdentityMerger(n)
+    if r <= 0 or h == 1 or w == 1:  # every token kept
+        return HardMerger(torch.arange(n, device=metric.device).expand(batch, -1).contiguous(), n)
     is_dst = random_cell_destinations(h, w, generator).to(metric.device)
     dst_idx = is_dst.nonzero().squeeze(-1)
     src_idx = (~is_dst).nonzero().squeeze(-1)
@@ -522,33 +502,26 @@ def write_outputs(records: list[dict], args: argparse.Namespace, seconds: float)
 # CLI
 
 
-def _floats(text: str) -> list[float]:
-    return [float(t) for t in text.split(",") if t]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in text.split(",") if t]
-
-
-def _names(text: str) -> list[str]:
-    return [t for t in text.split(",") if t]
+def _list(cast: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse type: comma-separated values, each through `cast`."""
+    return lambda text: [cast(t) for t in text.split(",") if t]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="bench/out/fidelity", help="output folder for fidelity.md and fidelity.json")
-    p.add_argument("--images", type=_names, default=list(SAMPLE_IMAGES), help="comma-separated scikit-image sample names")
+    p.add_argument("--images", type=_list(str), default=list(SAMPLE_IMAGES), help="comma-separated scikit-image sample names")
     p.add_argument("--grid", type=int, default=48,
                    help="tokens on the long side of each image (48 = Flux at 768 px; 64 = 1024 px, ~2x slower)")
     p.add_argument("--patch", type=int, default=4, help="pixels per token side")
     p.add_argument("--channels", type=int, default=64, help="token channels C")
     p.add_argument("--heads", type=int, default=4, help="attention heads (C must be divisible)")
     p.add_argument("--sharpness", type=float, default=4.0, help="attention logit scale (1 = standard random init)")
-    p.add_argument("--ratios", type=_floats, default=list(RATIOS), help="comma-separated merge ratios in (0, 1)")
-    p.add_argument("--tiles", type=_ints, default=list(TILE_SIZES), help="comma-separated ToMA tile sizes")
-    p.add_argument("--similarities", type=_names, default=list(SIMILARITIES), help="comma-separated ToMA similarities")
-    p.add_argument("--budgets", type=_names, default=list(BUDGETS), help="comma-separated ToMA token budgets (tile, adaptive)")
-    p.add_argument("--temperatures", type=_floats, default=list(TEMPERATURES), help="comma-separated ToMA temperatures")
+    p.add_argument("--ratios", type=_list(float), default=list(RATIOS), help="comma-separated merge ratios in (0, 1)")
+    p.add_argument("--tiles", type=_list(int), default=list(TILE_SIZES), help="comma-separated ToMA tile sizes")
+    p.add_argument("--similarities", type=_list(str), default=list(SIMILARITIES), help="comma-separated ToMA similarities")
+    p.add_argument("--budgets", type=_list(str), default=list(BUDGETS), help="comma-separated ToMA token budgets (tile, adaptive)")
+    p.add_argument("--temperatures", type=_list(float), default=list(TEMPERATURES), help="comma-separated ToMA temperatures")
     p.add_argument("--tome-seeds", type=int, default=3, help="random destination draws averaged for ToMe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare", type=lambda t: [x.strip() for x in t.split(";") if x.strip()],
