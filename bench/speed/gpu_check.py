@@ -136,23 +136,10 @@ def comfy_version() -> str:
     return comfy_env.comfy_version(root) if root is not None else "?"
 
 
-def node_settings(min_tokens: int | str) -> Any:
-    """The ToMA Patch node's settings (nodes/settings.py defaults) with `min_tokens`."""
-    settings = pack_module("nodes.settings")
-    schedule = pack_module("toma_core").MergeSchedule(start_percent=settings.NODE_START_PERCENT)
-    return settings.ToMASettings(ratio=settings.NODE_RATIO, tile_size=settings.NODE_TILE_SIZE, schedule=schedule,
-                                 min_tokens=min_tokens)
-
-
 def cost_profile(patcher: Any, settings: Any) -> Any:
     """The CostProfile the pack's patch_model builds for `patcher` with `settings`."""
     patched = pack_module("nodes.node.patching").patch_model(patcher, settings)
     return patched.model_options["transformer_options"][pack_module("nodes.settings").TOMA_KEY].config.cost
-
-
-def meta_patcher(name: str, overrides: dict[str, Any]) -> Any:
-    """The few-block model of measure.build_reduced (with `overrides`) on the meta device, for its cost profile."""
-    return measure.build_reduced(name, "meta", overrides=overrides) if overrides else rs.meta_patcher(name, reduced=True)
 
 
 # ------------------------------------------------------------------------------ 1. timings
@@ -166,8 +153,8 @@ def timing_rows(name: str, tiny: bool, device: str, dtype: torch.dtype) -> list[
     chosen = sizes(name, tiny)
     records = measure.probe(name, [s.grid for s in chosen], ratio, tile, 1 if tiny else ROUNDS, device, log=log.info,
                             dtype=dtype, overrides=overrides)
-    probe_settings = settings.ToMASettings(ratio=ratio, tile_size=tile, blocks="all")
-    profile = cost_profile(meta_patcher(name, overrides), probe_settings)
+    reduced = measure.build_reduced(name, "meta", overrides=overrides) if overrides else rs.meta_patcher(name, reduced=True)
+    profile = cost_profile(reduced, settings.ToMASettings(ratio=ratio, tile_size=tile, blocks="all"))  # the probed model's
     rows = []
     for size in chosen:
         mine = [r for r in records if r["grid"] == [size.grid.frames, size.grid.height, size.grid.width]]
@@ -198,8 +185,10 @@ def timing_table(rows: list[dict[str, Any]], skipped: list[str], device: str, dt
 
 def auto_rows(name: str) -> list[dict[str, Any]]:
     """auto's decision for the full-size model at each real size, on cuda and on cpu."""
-    contract = pack_module("nodes.contract")
-    profile = cost_profile(rs.meta_patcher(name), node_settings("auto"))
+    contract, settings = pack_module("nodes.contract"), pack_module("nodes.settings")
+    schedule = pack_module("toma_core").MergeSchedule(start_percent=settings.NODE_START_PERCENT)
+    profile = cost_profile(rs.meta_patcher(name), settings.ToMASettings(  # the ToMA Patch node's defaults
+        ratio=settings.NODE_RATIO, tile_size=settings.NODE_TILE_SIZE, schedule=schedule, min_tokens="auto"))
     batch = rs.calls_per_evaluation(name)
     rows = []
     for size in sizes(name, tiny=False):
