@@ -281,41 +281,22 @@ def import_comfy(args: argparse.Namespace) -> str:
 # Tables and plots
 
 
-def find_record(records: list[dict], method: str, ratio: float, **settings) -> dict | None:
-    """The fidelity record of a method (and ToMA settings) at a ratio."""
-    for r in records:
-        if r["method"] == method and abs(r["ratio"] - ratio) < 1e-9 and _matches(r, settings):
-            return r
-    return None
-
-
-def _matches(record: dict, settings: dict) -> bool:
-    """True when the record has these settings (records without a budget used the tile budget)."""
-    return all(record.get(k, "tile" if k == "budget" else None) == v for k, v in settings.items())
-
-
-def toma_settings(record: dict) -> dict:
-    """The ToMA settings of a fidelity record (records without a budget used the tile budget)."""
-    return {"similarity": record["similarity"], "tile": record["tile"], "temperature": record["temperature"],
-            "budget": record.get("budget", "tile")}
-
-
 def _setting_text(settings: dict) -> str:
     budget = "" if settings.get("budget", "tile") == "tile" else f", {settings['budget']} budget"
     return f"ToMA {settings['similarity']}, tile {settings['tile']}, T={settings['temperature']:g}{budget}"
 
 
-def token_rows(section: dict) -> list[tuple[str, str, dict]]:
-    """(label, method, settings) rows of the token table: node default, best by attn, ToMe, pooling."""
-    records, ratios = section["records"], section["ratios"]
-    rows = [(f"{_setting_text(section['default'])} (nodes' default)", "toma", section["default"])]
-    best_record = fidelity.best_toma(records, "attn", ratios)
-    best = best_record and toma_settings(best_record)
-    if best and best != section["default"]:
-        rows.append((f"{_setting_text(best)} (lowest attn error here)", "toma", best))
-    rows += [("ToMe (ComfyUI built-in scheme)", "tome", {}), ("2x2 average pooling", "pool2x2", {}),
-             ("1x2 average pooling", "pool1x2", {})]
-    return rows
+def token_rows(section: dict) -> list[tuple[str, str]]:
+    """(row title, fidelity record label) of the token table: node default, best by attn, ToMe, pooling."""
+    default = section["default"]
+    default_label = fidelity.toma_method(default["similarity"], default["tile"], default["temperature"], (),
+                                         default["budget"]).label
+    rows = [(f"{_setting_text(default)} (nodes' default)", default_label)]
+    best = fidelity.best_toma(section["records"], "attn", section["ratios"])
+    if best and best["label"] != default_label:
+        rows.append((f"{_setting_text(best)} (lowest attn error here)", best["label"]))
+    return rows + [("ToMe (ComfyUI built-in scheme)", "tome"), ("2x2 average pooling", "pool2x2"),
+                   ("1x2 average pooling", "pool1x2")]
 
 
 def token_table(section: dict) -> list[str]:
@@ -323,41 +304,26 @@ def token_table(section: dict) -> list[str]:
     ratios = section["ratios"]
     head = " | ".join(f"attn {q:g}" for q in ratios) + " | " + " | ".join(f"roundtrip {q:g}" for q in ratios)
     lines = [f"| method | {head} |", "|---|" + "---:|" * (2 * len(ratios))]
-    for label, method, settings in token_rows(section):
-        cells = []
-        for metric in ("attn", "roundtrip"):
-            for q in ratios:
-                r = find_record(section["records"], method, q, **settings)
-                cells.append("–" if r is None else f"{r[metric]:.4f}")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for title, label in token_rows(section):
+        found = [(metric, fidelity.lookup(section["records"], label, q)) for metric in ("attn", "roundtrip") for q in ratios]
+        lines.append(f"| {title} | " + " | ".join("–" if r is None else f"{r[metric]:.4f}" for metric, r in found) + " |")
     return lines
 
 
 def plot_tokens(section: dict, path: Path) -> Path | None:
     """attn error against ratio for the rows of token_rows(); None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = model_fidelity.pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=110)
-    for label, method, settings in token_rows(section):
-        points = [(r["ratio"], r["attn"]) for r in section["records"] if r["method"] == method and _matches(r, settings)]
-        points.sort()
+    for title, label in token_rows(section):
+        points = sorted((r["ratio"], r["attn"]) for r in section["records"] if r["label"] == label)
         if points:
-            style = "o-" if len(points) > 1 else "D"
-            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-" if len(points) > 1 else "D", label=title)
     ax.set_xlabel("merge ratio (share of tokens merged away)")
     ax.set_ylabel("attention-layer relative error")
     ax.set_title("Natural-image tokens: self-attention on merged tokens, unmerged", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return model_fidelity.save_figure(plt, fig, ax, path)
 
 
 def render_markdown(results: dict, image_dir: str = ".", heading: str = "#", header: bool = True) -> str:

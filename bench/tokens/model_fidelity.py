@@ -230,12 +230,8 @@ def markdown_table(result: dict[str, Any]) -> list[str]:
 
 def plot_family(result: dict[str, Any], path: Path) -> Path | None:
     """Speed-up (y) against relative error (x), one point per configuration; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     styles = {"toma": ("o-", "C0", "ToMA (block)"), "toma-prop": ("D-", "C4", "ToMA + proportional attention"),
               "toma-attn": ("s", "C2", "ToMA (scope attention)"), "tome": ("^", "C3", "built-in ToMe")}
@@ -265,7 +261,24 @@ def plot_family(result: dict[str, Any], path: Path) -> Path | None:
     ax.set_xlabel("relative error of the denoiser output vs unpatched")
     ax.set_ylabel("speed-up vs unpatched (x)")
     ax.set_title(f"{result['family'].upper()}-shaped model: speed-up vs error (labels: ratio)", fontsize=9)
-    ax.legend(fontsize=7, loc="best")
+    return save_figure(plt, fig, ax, path)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(plt, fig, ax, path: Path) -> Path:
+    """The bench figures' legend and grid, then `fig` written to `path` and closed."""
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
