@@ -41,13 +41,13 @@ ICON_GRID, ICON_PATCH, ICON_TILE = 16, 16, 4  # 256 px icon
 log = logging.getLogger("make_thumbnails")
 
 
-def toma_settings(workflow: dict) -> tuple[float, int, float]:
-    """(ratio, tile_size, start_percent) of the first ToMA node in a UI-format workflow (both nodes'
+def toma_settings(workflow: dict) -> tuple[float, int, float, str]:
+    """(ratio, tile_size, start_percent, scope) of the first ToMA node in a UI-format workflow (both nodes'
     widgets start with ratio, tile_size, start_percent: nodes/node/toma_nodes.py)."""
     for node in workflow.get("nodes", []):
         if node.get("type") in PACK_NODE_TYPES:
-            ratio, tile_size, start_percent = node["widgets_values"][:3]
-            return float(ratio), int(tile_size), float(start_percent)
+            values, index = node["widgets_values"], SCOPE_WIDGET.get(node["type"])
+            return float(values[0]), int(values[1]), float(values[2]), BLOCK_SCOPE if index is None else str(values[index])
     raise ValueError("the workflow has no ToMA node")
 
 
@@ -95,18 +95,10 @@ def thumbnail(rec, tile_size: int, caption: list[str]):
     return canvas
 
 
-def toma_scope(workflow: dict) -> str:
-    """The scope of the first ToMA node in a UI-format workflow."""
-    node = next(node for node in workflow["nodes"] if node.get("type") in PACK_NODE_TYPES)
-    index = SCOPE_WIDGET.get(node["type"])
-    return BLOCK_SCOPE if index is None else str(node["widgets_values"][index])
-
-
 def caption(name: str, workflow: dict, rec) -> list[str]:
     """The template's name, its ToMA node's settings (as the node's widgets name them; the scope where
     not "block") and the tokens kept (of the keys and values, scope keys_values)."""
-    ratio, tile_size, start_percent = toma_settings(workflow)
-    scope = toma_scope(workflow)
+    ratio, tile_size, start_percent, scope = toma_settings(workflow)
     settings = f"ToMA: ratio {ratio:g}, tile_size {tile_size}, start_percent {start_percent:g}"
     kept = "keys and values" if scope == KEYS_VALUES_SCOPE else "tokens"
     return [name, settings if scope == BLOCK_SCOPE else f"{settings}, scope {scope}",
@@ -116,7 +108,7 @@ def caption(name: str, workflow: dict, rec) -> list[str]:
 def workflow_thumbnail(path: Path):
     """The thumbnail image for one example workflow and its caption's lines."""
     workflow = json.loads(path.read_text(encoding="utf-8"))
-    ratio, tile_size, _ = toma_settings(workflow)
+    ratio, tile_size, _, _ = toma_settings(workflow)
     rec = plan_picture(sample_image_for(path.stem), ratio, tile_size, THUMB_GRID, THUMB_PATCH)
     lines = caption(path.stem, workflow, rec)
     return thumbnail(rec, tile_size, lines), lines
@@ -145,17 +137,13 @@ def write_all() -> list[Path]:
     return written
 
 
-def missing_thumbnails() -> list[Path]:
-    return [path for path in workflows() if not path.with_suffix(".jpg").is_file()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report workflows without a thumbnail")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.check:
-        missing = missing_thumbnails()
+        missing = [path for path in workflows() if not path.with_suffix(".jpg").is_file()]
         for path in missing:
             log.error("no thumbnail for %s", path.relative_to(REPO))
         return 1 if missing else 0
