@@ -314,39 +314,23 @@ class Method:
 
 
 def toma_method(similarity: str, tile: int, temperature: float, ratios: Iterable[float], budget: str = "tile") -> Method:
-    def build(x: torch.Tensor, h: int, w: int, ratio: float, seed: int) -> Merger:
-        return make_plan(x, h, w, ratio, tile, similarity=similarity, temperature=temperature, budget=budget)
-
     settings = {"similarity": similarity, "tile": tile, "temperature": temperature, "budget": budget}
-    return Method("toma", settings, build, tuple(ratios))
-
-
-def tome_method(ratios: Iterable[float], seeds: int) -> Method:
-    def build(x: torch.Tensor, h: int, w: int, ratio: float, seed: int) -> Merger:
-        return tome_merger(x, h, w, ratio, torch.Generator().manual_seed(seed))
-
-    return Method("tome", {}, build, tuple(ratios), seeds=seeds)
+    return Method("toma", settings, lambda x, h, w, ratio, seed: make_plan(
+        x, h, w, ratio, tile, similarity=similarity, temperature=temperature, budget=budget), tuple(ratios))
 
 
 def pool_method(ky: int, kx: int) -> Method:
-    def build(x: torch.Tensor, h: int, w: int, ratio: float, seed: int) -> Merger:
-        return pool_merger(x.shape[0], h, w, ky, kx)
-
-    return Method(f"pool{ky}x{kx}", {}, build, (round(1 - 1 / (ky * kx), 4),))
+    return Method(f"pool{ky}x{kx}", {}, lambda x, h, w, ratio, seed: pool_merger(x.shape[0], h, w, ky, kx),
+                  (round(1 - 1 / (ky * kx), 4),))
 
 
 def methods_for(args: argparse.Namespace) -> list[Method]:
-    """Every method and setting of the sweep, in table order."""
-    methods = [
-        toma_method(sim, tile, temp, args.ratios, budget)
-        for budget in args.budgets
-        for sim in args.similarities
-        for tile in args.tiles
-        for temp in args.temperatures
-    ]
-    methods.append(tome_method(args.ratios, args.tome_seeds))
-    methods += [pool_method(2, 2), pool_method(1, 2)]
-    return methods
+    """Every method and setting of the sweep, in table order: ToMA's settings, ToMe, the two poolings."""
+    methods = [toma_method(sim, tile, temp, args.ratios, budget) for budget in args.budgets
+               for sim in args.similarities for tile in args.tiles for temp in args.temperatures]
+    tome = Method("tome", {}, lambda x, h, w, ratio, seed: tome_merger(x, h, w, ratio, torch.Generator().manual_seed(seed)),
+                  tuple(args.ratios), seeds=args.tome_seeds)
+    return [*methods, tome, pool_method(2, 2), pool_method(1, 2)]
 
 
 @dataclass
