@@ -29,16 +29,13 @@ from harness import metrics
 from toma_core import SIMILARITIES, make_plan
 
 from .. import timing
+from ..cli import DTYPES
 from ..speed.bench_core import FluxWidthBlock
 from ..tokens import fidelity as fid
 
 
 class DemoError(Exception):
     """A problem the user can fix (path, image, settings): printed as one line, exit code 2."""
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,22 +151,15 @@ def draw_panels(rec: Reconstruction, tile_size: int, title: str):
 # One Flux-width block, timed
 
 
-def block_tokens(rec: Reconstruction, side: int, width: int, seed: int, device, dtype) -> torch.Tensor:
-    """The demo image as (1, side*side, width) block input: patches of a side x side grid, projected."""
-    pixels = resize(rec.pixels.numpy(), side * 4, side * 4)
-    patches = fid.patchify(pixels, 4)
-    return fid.embed(patches, fid.projection(patches.shape[-1], width, seed)).to(device, dtype)
-
-
 def time_block(rec: Reconstruction, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     """Median ms of: the full block, ToMA with a fresh plan, ToMA reusing a plan, the block on D tokens."""
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype, side = DTYPES[args.dtype], args.block_grid
     torch.manual_seed(args.seed)
     if args.block_width % max(1, args.block_width // 128):
         raise DemoError(f"--block-width {args.block_width} must be a multiple of 128 or below 256 (heads of 128)")
     block = FluxWidthBlock(args.block_width, max(1, args.block_width // 128)).to(device, dtype).eval()
-    x = block_tokens(rec, args.block_grid, args.block_width, args.seed, device, dtype)
-    side = args.block_grid
+    patches = fid.patchify(resize(rec.pixels.numpy(), side * 4, side * 4), 4)  # the image on a side x side grid
+    x = fid.embed(patches, fid.projection(patches.shape[-1], args.block_width, args.seed)).to(device, dtype)  # (1, N, C)
 
     def plan_of(tokens: torch.Tensor):
         return make_plan(tokens, side, side, args.ratio, args.tile_size, similarity=args.similarity,
@@ -254,17 +244,17 @@ READING = (
 def run(args: argparse.Namespace) -> None:
     device = pick_device(args.device)
     settle(args, device)
-    say(f"[1/4] loading {args.image or 'the default image (scikit-image astronaut)'}")
+    print(f"[1/4] loading {args.image or 'the default image (scikit-image astronaut)'}")
     image = load_image(args.image)
-    say(f"[2/4] merging: ratio {args.ratio}, tiles {args.tile_size}x{args.tile_size}, {args.similarity}, "
+    print(f"[2/4] merging: ratio {args.ratio}, tiles {args.tile_size}x{args.tile_size}, {args.similarity}, "
         f"temperature {args.temperature}")
     rec = reconstruct(image, args)
     n, d = rec.h * rec.w, rec.plan.num_kept
-    say(f"      {rec.h}x{rec.w} tokens of {args.patch}x{args.patch} px: N={n} -> D={d} ({d / n:.0%} kept)")
+    print(f"      {rec.h}x{rec.w} tokens of {args.patch}x{args.patch} px: N={n} -> D={d} ({d / n:.0%} kept)")
     for name, approx in (("ToMA", rec.toma), ("ToMe (ComfyUI's scheme, same ratio)", rec.tome)):
-        say(f"      {name}: merge->unmerge relative error {metrics.relative_error(approx, rec.pixels):.4f}, "
+        print(f"      {name}: merge->unmerge relative error {metrics.relative_error(approx, rec.pixels):.4f}, "
             f"PSNR {metrics.psnr(approx, rec.pixels):.2f} dB")
-    say(READING)
+    print(READING)
     out = Path(args.out)
     title = (f"ToMA ratio {args.ratio}, tile {args.tile_size}, {args.similarity}: {n} -> {d} tokens, "
              f"merge->unmerge error {metrics.relative_error(rec.toma, rec.pixels):.4f}")
@@ -277,20 +267,21 @@ def run(args: argparse.Namespace) -> None:
         draw_panels(rec, args.tile_size, title).quantize(256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
     except OSError as err:
         raise DemoError(f"cannot write {out}: {err}")
-    say(f"[3/4] wrote {out}")
+    print(f"[3/4] wrote {out}")
     if args.no_speed:
-        say("[4/4] speed skipped (--no-speed)")
+        print("[4/4] speed skipped (--no-speed)")
         return
-    say(f"[4/4] timing one block on {device.type}: width {args.block_width}, {args.block_grid}x{args.block_grid} "
+    print(f"[4/4] timing one block on {device.type}: width {args.block_width}, {args.block_grid}x{args.block_grid} "
         f"tokens, {args.dtype}, median of {args.repeats} after {args.warmup} warm-up")
     times = time_block(rec, args, device)
     full = times["full block"]
     for name, ms in times.items():
-        say(f"      {name:<40} {ms:9.2f} ms   {full / ms:5.2f}x")
+        print(f"      {name:<40} {ms:9.2f} ms   {full / ms:5.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # each step's line shows as it happens, piped too
     try:
         run(args)
     except DemoError as err:

@@ -200,24 +200,17 @@ def write_scope(src: Path, docs: Path, assets: Path) -> list[str]:
 
 
 def copy_quality_figures(src: Path, dst: Path, pattern: str = "*.png") -> list[Path]:
-    dst.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for png in sorted(src.glob(pattern)):
-        shutil.copyfile(png, dst / png.name)
-        copied.append(dst / png.name)
-    return copied
+    return copy_files(sorted(src.glob(pattern)), dst)
 
 
 def copy_plots(results: dict, src: Path, dst: Path) -> list[Path]:
     """Copy the plots the run wrote to dst; returns the copied paths."""
+    return copy_files([src / s["plot"] for s in results["sections"].values() if s.get("plot_written")], dst)
+
+
+def copy_files(files: list[Path], dst: Path) -> list[Path]:
     dst.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for section in results["sections"].values():
-        if section.get("plot_written"):
-            target = dst / section["plot"]
-            shutil.copyfile(src / section["plot"], target)
-            copied.append(target)
-    return copied
+    return [Path(shutil.copyfile(f, dst / f.name)) for f in files]
 
 
 def main(argv: list[str] | None = None) -> int:
