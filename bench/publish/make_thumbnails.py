@@ -51,10 +51,6 @@ def toma_settings(workflow: dict) -> tuple[float, int, float, str]:
     raise ValueError("the workflow has no ToMA node")
 
 
-def sample_image_for(name: str) -> str:
-    return next((image for prefix, image in SAMPLE_IMAGES.items() if name.lower().startswith(prefix)), "astronaut")
-
-
 def plan_picture(image_name: str, ratio: float, tile_size: int, grid: int, patch: int):
     """bench/publish/demo.py's Reconstruction (pixels, token grid, plan) for a scikit-image sample picture."""
     args = demo.parse_args(["--ratio", str(ratio), "--tile-size", str(tile_size), "--grid", str(grid),
@@ -109,7 +105,8 @@ def workflow_thumbnail(path: Path):
     """The thumbnail image for one example workflow and its caption's lines."""
     workflow = json.loads(path.read_text(encoding="utf-8"))
     ratio, tile_size, _, _ = toma_settings(workflow)
-    rec = plan_picture(sample_image_for(path.stem), ratio, tile_size, THUMB_GRID, THUMB_PATCH)
+    image = next((image for prefix, image in SAMPLE_IMAGES.items() if path.stem.lower().startswith(prefix)), "astronaut")
+    rec = plan_picture(image, ratio, tile_size, THUMB_GRID, THUMB_PATCH)
     lines = caption(path.stem, workflow, rec)
     return thumbnail(rec, tile_size, lines), lines
 

@@ -66,6 +66,14 @@ PERTURB_NOTE = ("\"input +1% noise\" (not timed): the unpatched model with fixed
                 "latent's norm added to its input, a yardstick for how strongly this random-weight model "
                 "amplifies small changes.")
 RATIOS = (0.25, 0.5, 0.75)
+TABLE_SECTIONS = (
+    ("wan", "Wan-shaped video model: speed", ". ToMA r: every block merged at ratio r, a plan built in every call; "
+     "ideal r: the unpatched model on a video of D tokens; % of ideal = ToMA's speed-up / the ideal's."),
+    ("families", "DiT families: speed against the ideal", ". ToMA: every block merged, a plan built in every call; "
+     "ideal: the unpatched model on D tokens."),
+    ("core", "Core overhead (make_plan + merge + unmerge vs one block)", ""),
+)
+"""(section, heading, note after its setup line) of the sections rendered as a bench's own table."""
 
 
 @dataclass
@@ -217,7 +225,11 @@ def families_section(args: argparse.Namespace, preset: Preset) -> dict:
     rows = [dict(zip(keys, line.split())) for line in lines[2:] if line.strip()]
     for row in rows:
         row.update({k: float(row[k]) for k in keys[1:]})
-    return {"command": command, "setup": lines[0] if lines else "", "rows": rows}
+    table = ["| family | ratio | N | D | unpatched ms | ToMA ms | speed-up | ideal ms | ideal speed-up |",
+             "|---|---|---|---|---|---|---|---|---|",
+             *(f"| {r['family']} | {r['ratio']:g} | {r['tokens']:.0f} | {r['kept']:.0f} | {r['ms']:.1f} | {r['toma_ms']:.1f} | "
+               f"{r['speedup']:.2f}x | {r['ideal_ms']:.1f} | {r['ideal_speedup']:.2f}x |" for r in rows)]
+    return {"command": command, "setup": lines[0] if lines else "", "rows": rows, "table": table}
 
 
 def merge_defaults() -> dict:
@@ -230,9 +242,9 @@ def merge_defaults() -> dict:
     return {"similarity": s.similarity, "tile": s.tile_size, "temperature": s.temperature, "budget": s.budget}
 
 
-def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
-    """bench/tokens/fidelity.py on natural-image tokens (always including the nodes' default setting)."""
-    default = merge_defaults()
+def tokens_section(args: argparse.Namespace, preset: Preset) -> dict:
+    """bench/tokens/fidelity.py on natural-image tokens (always including the nodes' default setting), and its plot."""
+    default, out = merge_defaults(), Path(args.out)
     argv = ["--out", str(out / "fidelity"), *preset.tokens]
     if preset.name in ("cpu", "cuda"):
         argv += ["--temperatures", f"{default['temperature']:g},0"]
@@ -245,7 +257,8 @@ def tokens_section(args: argparse.Namespace, preset: Preset, out: Path) -> dict:
     records = json.loads((out / "fidelity" / "fidelity.json").read_text())["records"]
     for r in records:
         r.pop("per_image", None)
-    return {"command": command, "default": default, "records": records, "ratios": list(RATIOS)}
+    section = {"command": command, "default": default, "records": records, "ratios": list(RATIOS), "plot": "token_fidelity.png"}
+    return section | {"plot_written": plot_tokens(section, out / section["plot"]) is not None}
 
 
 def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict:
@@ -259,8 +272,9 @@ def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict
         sargs = model_fidelity.sdxl_args(args.device, "fp16" if gpu else "fp32", preset.model_size, list(RATIOS),
                                          preset.sdxl_rounds, preset.sdxl_calls)
         result = model_fidelity.sdxl_family(sargs, preset.weight_seeds)
-    model_fidelity.plot_family(result, Path(args.out) / f"{family}_speedup_vs_error.png")
-    return result | {"table": model_fidelity.markdown_table(result), "plot": f"{family}_speedup_vs_error.png"}
+    plot = f"{family}_speedup_vs_error.png"
+    return result | {"table": model_fidelity.markdown_table(result), "plot": plot,
+                     "plot_written": model_fidelity.plot_family(result, Path(args.out) / plot) is not None}
 
 
 def import_comfy(args: argparse.Namespace) -> str:
@@ -350,27 +364,12 @@ def render_markdown(results: dict, image_dir: str = ".", heading: str = "#", hea
                 + ROW_NOTES[family].format(perturb=PERTURB_NOTE), "", *s["table"], ""]
         if s.get("plot_written"):
             out += [f"![{title}: speed-up vs error]({image_dir}/{s['plot']})", ""]
-    s = sections.get("wan")
-    if s is not None:
-        out += [f"{h2} Wan-shaped video model: speed", ""]
-        out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [
-            f"`{s['command']}`: {s['setup']}. ToMA r: every block merged at ratio r, a plan built in every call; "
-            "ideal r: the unpatched model on a video of D tokens; % of ideal = ToMA's speed-up / the ideal's.", "",
-            *s["table"], ""]
-    s = sections.get("families")
-    if s is not None:
-        out += [f"{h2} DiT families: speed against the ideal", ""]
-        out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [
-            f"`{s['command']}`: {s['setup']}. ToMA: every block merged, a plan built in every call; ideal: the "
-            "unpatched model on D tokens.", "",
-            "| family | ratio | N | D | unpatched ms | ToMA ms | speed-up | ideal ms | ideal speed-up |",
-            "|---|---|---|---|---|---|---|---|---|",
-            *(f"| {r['family']} | {r['ratio']:g} | {r['tokens']:.0f} | {r['kept']:.0f} | {r['ms']:.1f} | {r['toma_ms']:.1f} | "
-              f"{r['speedup']:.2f}x | {r['ideal_ms']:.1f} | {r['ideal_speedup']:.2f}x |" for r in s["rows"]), ""]
-    s = sections.get("core")
-    if s is not None:
-        out += [f"{h2} Core overhead (make_plan + merge + unmerge vs one block)", ""]
-        out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [f"`{s['command']}`: {s['setup']}", "", *s["table"], ""]
+    for name, title, note in TABLE_SECTIONS:
+        s = sections.get(name)
+        if s is not None:
+            out += [f"{h2} {title}", ""]
+            out += [f"Skipped: {s['skipped']}", ""] if "skipped" in s else [
+                f"`{s['command']}`: {s['setup']}{note}", "", *s["table"], ""]
     s = sections.get("tokens")
     if s is not None:
         out += [f"{h2} Token-level fidelity on natural-image tokens", ""]
@@ -409,7 +408,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
     """Each requested section in order; a failing or unavailable section is recorded as skipped."""
-    out = Path(args.out)
+    runners = {"core": core_section, "wan": wan_section, "families": families_section, "tokens": tokens_section,
+               "flux": lambda *a: model_section("flux", *a), "sdxl": lambda *a: model_section("sdxl", *a)}
     sections: dict[str, dict] = {}
     comfy_error = None
     if MODEL_SECTIONS & set(args.sections):
@@ -422,21 +422,7 @@ def run_sections(args: argparse.Namespace, preset: Preset, info: dict) -> dict:
             continue
         start = time.perf_counter()
         print(f"[run_all] {name} ...", flush=True)
-        if name in MODEL_SECTIONS and comfy_error:
-            sections[name] = {"skipped": comfy_error}
-        elif name == "wan":
-            sections[name] = wan_section(args, preset)
-        elif name == "families":
-            sections[name] = families_section(args, preset)
-        elif name == "core":
-            sections[name] = core_section(args, preset)
-        elif name == "tokens":
-            sections[name] = tokens_section(args, preset, out)
-            sections[name]["plot"] = "token_fidelity.png"
-            sections[name]["plot_written"] = plot_tokens(sections[name], out / "token_fidelity.png") is not None
-        else:
-            sections[name] = model_section(name, args, preset)
-            sections[name]["plot_written"] = (out / sections[name]["plot"]).is_file()
+        sections[name] = {"skipped": comfy_error} if name in MODEL_SECTIONS and comfy_error else runners[name](args, preset)
         seconds = time.perf_counter() - start
         sections[name].setdefault("section_seconds", seconds)
         note = sections[name].get("skipped", "done")

@@ -203,11 +203,6 @@ def copy_quality_figures(src: Path, dst: Path, pattern: str = "*.png") -> list[P
     return copy_files(sorted(src.glob(pattern)), dst)
 
 
-def copy_plots(results: dict, src: Path, dst: Path) -> list[Path]:
-    """Copy the plots the run wrote to dst; returns the copied paths."""
-    return copy_files([src / s["plot"] for s in results["sections"].values() if s.get("plot_written")], dst)
-
-
 def copy_files(files: list[Path], dst: Path) -> list[Path]:
     dst.mkdir(parents=True, exist_ok=True)
     return [Path(shutil.copyfile(f, dst / f.name)) for f in files]
@@ -236,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = find_doc(args.docs, HEADING)
     src = Path(args.results)
     results = json.loads((src / "results.json").read_text())
-    copied = copy_plots(results, src, assets)
+    copied = copy_files([src / s["plot"] for s in results["sections"].values() if s.get("plot_written")], assets)
     write_section(doc, section_text(results, link(assets, doc), quality_link(args.docs, doc)), HEADING)
     print(f"updated {doc} ({HEADING}); plots: {', '.join(str(c) for c in copied) or 'none'}")
     return 0

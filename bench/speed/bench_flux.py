@@ -66,11 +66,6 @@ def make_call(patcher: Any, args: argparse.Namespace, grid_hw: tuple[int, int]) 
                                    pooled=768, guidance=torch.full((args.batch,), 3.5))
 
 
-def patch(patcher: Any, ratio: float, args: argparse.Namespace, **options: Any) -> Any:
-    """ToMA on every block at `ratio`; options are further ToMASettings (e.g. proportional_attention)."""
-    return model_speed.toma_every_block(patcher, ratio, args, **options)
-
-
 def kept_tokens(ratio: float, args: argparse.Namespace) -> int:
     return model_speed.kept_tokens(args.grid, args.grid, ratio, args)
 
@@ -86,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'config':<14}{'tokens':>8}{'ms/call':>10}{'speed-up':>10}{'ideal ms':>10}{'ideal x':>9}{'vs ideal':>10}")
     for ratio in args.ratios:
         d = kept_tokens(ratio, args)
-        toma = patch(base, ratio, args)
+        toma = model_speed.toma_every_block(base, ratio, args)
         entries = {"plain": (base, make_call(base, args, full)), "toma": (toma, make_call(toma, args, full)),
                    "ideal": (base, make_call(base, args, ideal_grid(d, full)))}
         ms = model_speed.median_ms(entries, args)

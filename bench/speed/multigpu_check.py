@@ -28,7 +28,8 @@ import importlib.util
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -82,28 +83,20 @@ def timed(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
     return out, time.perf_counter() - start
 
 
-class RunLines(logging.Handler):
-    """The RunRecords of ToMA's run lines logged while it is entered (nodes/run/report.py TOMA_RUN)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[Any] = []
-        self.attr = pack_module("nodes.run.report").TOMA_RUN
-        self.logger = logging.getLogger(pack_module("nodes.run.wrappers").__name__)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if hasattr(record, self.attr):
-            self.records.append(getattr(record, self.attr))
-
-    def __enter__(self) -> RunLines:
-        self.level = self.logger.level
-        self.logger.setLevel(logging.INFO)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level)
+@contextmanager
+def run_lines() -> Iterator[list[Any]]:
+    """The RunRecords of ToMA's run lines logged inside the block (nodes/run/report.py TOMA_RUN)."""
+    attr, records, handler = pack_module("nodes.run.report").TOMA_RUN, [], logging.Handler()
+    handler.emit = lambda record: records.extend([getattr(record, attr)] if hasattr(record, attr) else [])
+    logger = logging.getLogger(pack_module("nodes.run.wrappers").__name__)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def family_row(name: str, grid: rs.Grid, label: str, steps: int, device: str, dtype: torch.dtype,
@@ -133,7 +126,7 @@ def family_row(name: str, grid: rs.Grid, label: str, steps: int, device: str, dt
     hooks = [dm.register_forward_pre_hook(lambda *_, d=d: calls.update([d])) for d, dm in copies.items()]
     try:
         plain, plain_s = timed(sample(base))
-        with RunLines() as lines:
+        with run_lines() as lines:
             one, one_s = timed(sample(toma))
             calls.clear()
             two, two_s = timed(sample(split))
@@ -141,7 +134,7 @@ def family_row(name: str, grid: rs.Grid, label: str, steps: int, device: str, dt
         for hook in hooks:
             hook.remove()
         comfy.model_management.unload_all_models()
-    one_run, two_run = lines.records[1], lines.records[3]
+    one_run, two_run = lines[1], lines[3]
     effect = (one - plain).abs().mean().item()
     return {"family": name, "size": label, "steps": steps, "plain_s": plain_s, "one_s": one_s, "two_s": two_s,
             "calls": {d: calls[d] // 2 for d in copies}, "blocks": (one_run.block_runs_merged, two_run.block_runs_merged),

@@ -393,10 +393,6 @@ def sweep(args: argparse.Namespace) -> list[dict]:
 # Reporting
 
 
-def _fmt(value: float | None) -> str:
-    return "–" if value is None else f"{value:.4f}"
-
-
 def lookup(records: list[dict], label: str, ratio: float) -> dict | None:
     return next((r for r in records if r["label"] == label and math.isclose(r["ratio"], ratio)), None)
 
@@ -420,7 +416,7 @@ def metric_table(records: list[dict], metric: str, ratios: list[float]) -> list[
              "|---|" + "---:|" * len(ratios)]
     for label in labels:
         cells = [lookup(records, label, r) for r in ratios]
-        lines.append(f"| {label} | " + " | ".join(_fmt(c and c[metric]) for c in cells) + " |")
+        lines.append(f"| {label} | " + " | ".join("–" if c is None else f"{c[metric]:.4f}" for c in cells) + " |")
     return lines
 
 

@@ -38,6 +38,7 @@ from harness.metrics import relative_error
 
 from .. import timing
 from ..speed import bench_flux, bench_sdxl
+from ..speed.model_speed import toma_every_block
 
 PERTURB = 0.01
 PERTURB_NAME = f"input +{PERTURB:.0%} noise"
@@ -66,6 +67,23 @@ def _ratio(name: str) -> float:
     return float(name.split()[-1]) if name.split()[0] in ("ToMA", "ToMA-prop", "ToMA-attn", "ToMe", "ideal") else 0.0
 
 
+def _errors(bench: Any, configurations: Any, call: Any, args: argparse.Namespace, seed: int) -> dict[str, float]:
+    """Relative errors against the unpatched output of `bench`'s model (weights drawn with `seed`) of each of its
+    configurations(base, args) and of the 1% input perturbation; call(patcher) is one output."""
+    import comfy.model_management
+
+    torch.manual_seed(seed)
+    base = bench.build_model(args)
+    configs = {"unpatched": base} | configurations(base, args) | {PERTURB_NAME: perturbed(base, PERTURB)}
+    outputs = {}
+    for name, patcher in configs.items():
+        comfy.model_management.load_models_gpu([patcher])  # applies / removes object patches
+        outputs[name] = call(patcher)
+    ref = outputs.pop("unpatched")
+    comfy.model_management.unload_all_models()
+    return {name: relative_error(out, ref) for name, out in outputs.items()}
+
+
 def size_argv(size: str, smoke: list[str]) -> list[str]:
     """A bench's extra arguments for a size preset: "real" (--real-size), "smoke" (`smoke`) or "cpu" (none)."""
     return {"real": ["--real-size"], "smoke": smoke}.get(size, [])
@@ -82,20 +100,10 @@ def flux_args(device: str, dtype: str, size: str, ratios: list[float], repeats: 
                                   "--depth-single", "1", "--grid", "8", "--text", "8"])])
 
 
-def _flux_errors(args: argparse.Namespace, seed: int) -> dict[str, float]:
-    """Relative errors of ToMA per ratio and of the 1% input perturbation, weights drawn with `seed`."""
-    torch.manual_seed(seed)
-    base = bench_flux.build_model(args)
-    full = (args.grid, args.grid)
-    ref = bench_flux.make_call(base, args, full)()
-    configs = flux_configurations(base, args) | {PERTURB_NAME: perturbed(base, PERTURB)}
-    return {name: relative_error(bench_flux.make_call(patcher, args, full)(), ref) for name, patcher in configs.items()}
-
-
 def flux_configurations(base, args: argparse.Namespace) -> dict[str, object]:
     """ToMA per ratio, then ToMA with proportional attention per ratio, on every block."""
-    configs = {f"ToMA {r:g}": bench_flux.patch(base, r, args) for r in args.ratios}
-    configs |= {f"ToMA-prop {r:g}": bench_flux.patch(base, r, args, proportional_attention=True) for r in args.ratios}
+    configs = {f"ToMA {r:g}": toma_every_block(base, r, args) for r in args.ratios}
+    configs |= {f"ToMA-prop {r:g}": toma_every_block(base, r, args, proportional_attention=True) for r in args.ratios}
     return configs
 
 
@@ -103,10 +111,11 @@ def flux_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> dict
     """Errors (per weight seed) and timings (first seed's model) of unpatched / ToMA / ideal on
     bench_flux's model, in one process."""
     start = time.perf_counter()
-    errors = [_flux_errors(args, seed) for seed in seeds]
+    full = (args.grid, args.grid)
+    errors = [_errors(bench_flux, flux_configurations, lambda p: bench_flux.make_call(p, args, full)(), args, seed)
+              for seed in seeds]
     torch.manual_seed(seeds[0])
     base = bench_flux.build_model(args)
-    full = (args.grid, args.grid)
     n = args.grid * args.grid
     calls = {"unpatched": bench_flux.make_call(base, args, full)}
     tokens = {"unpatched": f"{n}", PERTURB_NAME: f"{n}"}
@@ -136,29 +145,14 @@ def sdxl_args(device: str, dtype: str, size: str, ratios: list[float], rounds: i
                                   "--ratios", *map(str, ratios), *size_argv(size, ["--channels", "32", "--latent", "16"])])
 
 
-def _sdxl_errors(args: argparse.Namespace, seed: int) -> dict[str, float]:
-    """Relative errors of every non-unpatched configuration and of the 1% input perturbation."""
-    import comfy.model_management
-
-    torch.manual_seed(seed)
-    base = bench_sdxl.build_model(args)
-    configs = bench_sdxl.configurations(base, args) | {PERTURB_NAME: perturbed(base, PERTURB)}
-    outputs = {}
-    for name, patcher in configs.items():
-        comfy.model_management.load_models_gpu([patcher])  # applies / removes object patches
-        outputs[name] = bench_sdxl.make_call(patcher, args)()
-    ref = outputs.pop("unpatched")
-    comfy.model_management.unload_all_models()
-    return {name: relative_error(out, ref) for name, out in outputs.items()}
-
-
 def sdxl_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> dict[str, Any]:
     """Errors (per weight seed) and timings (first seed's model) of unpatched / ToMA / ToMA-attn /
     ToMe on bench_sdxl's model."""
     import comfy.model_management
 
     start = time.perf_counter()
-    errors = [_sdxl_errors(args, seed) for seed in seeds]
+    errors = [_errors(bench_sdxl, bench_sdxl.configurations, lambda p: bench_sdxl.make_call(p, args)(), args, seed)
+              for seed in seeds]
     torch.manual_seed(seeds[0])
     base = bench_sdxl.build_model(args)
     configs = bench_sdxl.configurations(base, args)
