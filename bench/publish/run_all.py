@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from ..speed import bench_flux, bench_sdxl
 from ..tokens import fidelity, model_fidelity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,11 +83,8 @@ class Preset:
 
     name: str
     core: list[str]
-    model_size: str  # model_fidelity size preset: "smoke", "cpu", "real"
-    flux_repeats: int
-    flux_warmup: int
-    sdxl_rounds: int
-    sdxl_calls: int
+    flux: list[str]  # bench_flux's arguments beside --device, --dtype and --ratios
+    sdxl: list[str]  # bench_sdxl's
     tokens: list[str] = field(default_factory=list)
     weight_seeds: tuple[int, ...] = (0, 1, 2)
     wan: list[str] = field(default_factory=list)
@@ -96,16 +94,20 @@ class Preset:
 def preset_for(args: argparse.Namespace) -> Preset:
     """The sizes for --smoke, the CPU default or --device cuda."""
     if args.smoke:
-        return Preset("smoke", ["--width", "64", "--grid", "8", "--repeats", "1"], "smoke", 1, 0, 1, 1,
+        return Preset("smoke", ["--width", "64", "--grid", "8", "--repeats", "1"],
+                      ["--repeats", "1", "--warmup", "0", "--hidden", "128", "--depth", "1", "--depth-single", "1",
+                       "--grid", "8", "--text", "8"], ["--rounds", "1", "--calls", "1", "--channels", "32", "--latent", "16"],
                       ["--images", "astronaut", "--grid", "8", "--tome-seeds", "1", "--tiles", "4"], (0, 1),
                       ["--dim", "128", "--heads", "1", "--ffn", "256", "--depth", "1", "--frames", "3", "--height", "4",
                        "--width", "6", "--text", "16", "--repeats", "1", "--warmup", "0", "--ratios", "0.5"],
                       ["--grid", "4", "--repeats", "1", "--warmup", "0"])
     if args.device != "cpu":
-        return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"], "real", 10, 3, 3, 5,
+        return Preset("cuda", ["--width", "3072", "--grid", "64", "--repeats", "20"],
+                      ["--repeats", "10", "--warmup", "3", "--real-size"], ["--rounds", "3", "--calls", "5", "--real-size"],
                       ["--tiles", "2,4,8"], wan=["--dtype", "bf16", "--real-size", "--repeats", "5"],
                       families=["--dtype", "bf16", "--grid", "64", "--repeats", "7"])
-    return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], "cpu", 9, 1, 4, 2,
+    return Preset("cpu", ["--width", "1024", "--grid", "64", "--repeats", "5"], ["--repeats", "9", "--warmup", "1"],
+                  ["--rounds", "4", "--calls", "2"],
                   ["--tiles", "2,4,8"], wan=["--repeats", "7"])
 
 
@@ -263,15 +265,10 @@ def tokens_section(args: argparse.Namespace, preset: Preset) -> dict:
 
 def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict:
     """Speed and relative error of one model family (bench/tokens/model_fidelity.py)."""
-    gpu = args.device != "cpu"
-    if family == "flux":
-        fargs = model_fidelity.flux_args(args.device, "bf16" if gpu else "fp32", preset.model_size, list(RATIOS),
-                                         preset.flux_repeats, preset.flux_warmup)
-        result = model_fidelity.flux_family(fargs, preset.weight_seeds)
-    else:
-        sargs = model_fidelity.sdxl_args(args.device, "fp16" if gpu else "fp32", preset.model_size, list(RATIOS),
-                                         preset.sdxl_rounds, preset.sdxl_calls)
-        result = model_fidelity.sdxl_family(sargs, preset.weight_seeds)
+    bench, measure = (bench_flux, model_fidelity.flux_family) if family == "flux" else (bench_sdxl, model_fidelity.sdxl_family)
+    dtype = "fp32" if args.device == "cpu" else "bf16" if family == "flux" else "fp16"
+    result = measure(bench.parse_args(["--device", args.device, "--dtype", dtype, "--ratios", *map(str, RATIOS),
+                                       *getattr(preset, family)]), preset.weight_seeds)
     plot = f"{family}_speedup_vs_error.png"
     return result | {"table": model_fidelity.markdown_table(result), "plot": plot,
                      "plot_written": model_fidelity.plot_family(result, Path(args.out) / plot) is not None}
@@ -280,7 +277,6 @@ def model_section(family: str, args: argparse.Namespace, preset: Preset) -> dict
 def import_comfy(args: argparse.Namespace) -> str:
     """Import ComfyUI the way the benches do; returns its version, raises RuntimeError if unavailable."""
     from .. import cli
-    from ..speed import bench_flux
 
     try:
         root = cli.import_comfy(bench_flux.parse_args(["--device", args.device]))

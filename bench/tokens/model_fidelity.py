@@ -84,20 +84,8 @@ def _errors(bench: Any, configurations: Any, call: Any, args: argparse.Namespace
     return {name: relative_error(out, ref) for name, out in outputs.items()}
 
 
-def size_argv(size: str, smoke: list[str]) -> list[str]:
-    """A bench's extra arguments for a size preset: "real" (--real-size), "smoke" (`smoke`) or "cpu" (none)."""
-    return {"real": ["--real-size"], "smoke": smoke}.get(size, [])
-
-
 # --------------------------------------------------------------------------------------------
 # Flux
-
-
-def flux_args(device: str, dtype: str, size: str, ratios: list[float], repeats: int, warmup: int):
-    """bench_flux's argparse namespace for a size preset: "smoke", "cpu" (its default) or "real"."""
-    return bench_flux.parse_args(["--device", device, "--dtype", dtype, "--repeats", str(repeats), "--warmup", str(warmup),
-                                  "--ratios", *map(str, ratios), *size_argv(size, ["--hidden", "128", "--depth", "1",
-                                  "--depth-single", "1", "--grid", "8", "--text", "8"])])
 
 
 def flux_configurations(base, args: argparse.Namespace) -> dict[str, object]:
@@ -137,12 +125,6 @@ def flux_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> dict
 
 # --------------------------------------------------------------------------------------------
 # SDXL
-
-
-def sdxl_args(device: str, dtype: str, size: str, ratios: list[float], rounds: int, calls: int):
-    """bench_sdxl's argparse namespace for a size preset: "smoke", "cpu" (its default) or "real"."""
-    return bench_sdxl.parse_args(["--device", device, "--dtype", dtype, "--rounds", str(rounds), "--calls", str(calls),
-                                  "--ratios", *map(str, ratios), *size_argv(size, ["--channels", "32", "--latent", "16"])])
 
 
 def sdxl_family(args: argparse.Namespace, seeds: tuple[int, ...] = (0,)) -> dict[str, Any]:
