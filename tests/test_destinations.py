@@ -150,3 +150,19 @@ def test_penalty_counts_per_key_across_calls() -> None:
     assert torch.equal(plans[0].dst_index, core.make_plan(x, 16, 16, 0.5, 4).dst_index)
     counts, built = state.memory.counts[(("s", 16, 16), 2, call(state, 5.0, hw=(16, 16)).composition)]
     assert built == 2 and torch.equal(counts, torch.ones(2, 256))  # the second plan took the other half
+
+
+def test_video_segments_keep_their_own_outputs() -> None:
+    """A frame-segment plan (Wan, HunyuanVideo) stores and finds its output under its segments."""
+    segments = (video.Segment(1, True, 1), video.Segment(2, True, 2))
+    state = make_state(destinations="output_similarity", destination_penalty=0.3)
+    x, out = features(13, tokens=3 * 64), features(14, tokens=3 * 64)
+    first = call(state, 10.0)
+    first.plan("s", 8, 8, lambda: x, segments)
+    first.note_output("s", 8, 8, out[:, :64], None)  # an image grid's output: another key
+    first.note_output("s", 8, 8, out, segments)
+    state.keep_plans(first)
+    plan = call(state, 7.5).plan("s", 8, 8, lambda: x, segments)
+    counted = core.count_destinations(None, video.make_video_plan(x, list(segments), 8, 8, 0.5, 4).dst_index, 192)
+    expected = video.make_video_plan(F.layer_norm(out, (8,)), list(segments), 8, 8, 0.5, 4, frequency=counted, penalty=0.3)
+    assert torch.equal(plan.dst_index, expected.dst_index) and state.stats.plans_from_outputs == 1
