@@ -12,9 +12,7 @@ import torch.nn.functional as F
 from harness.pack import pack_module
 
 core = pack_module("toma_core")
-destinations = pack_module("toma_core.destinations")
 video = pack_module("toma_core.video")
-runtime = pack_module("nodes.run.runtime")
 stats_mod = pack_module("nodes.run.stats")
 report_mod = pack_module("nodes.run.report")
 settings_mod = pack_module("nodes.settings")

@@ -164,17 +164,18 @@ def tile_frames_input() -> io.Int.Input:
 
 
 def destination_inputs() -> list:
-    """Last on the advanced node, after tile_frames (positional widgets_values, see merge_every_input)."""
+    """Last on the advanced node, after tile_frames (positional widgets_values, see merge_every_input);
+    optional, so an API prompt saved before they existed still validates and runs with their defaults."""
     return [
         io.Combo.Input(
-            "destinations", options=list(DESTINATIONS), default=DESTINATIONS[0],
+            "destinations", options=list(DESTINATIONS), default=DESTINATIONS[0], optional=True,
             tooltip="How destination tokens are chosen when a step re-selects them. facility (paper): on the "
             "similarity of the tokens entering the first merged block. output_similarity (after DiTo): on "
             "the similarity of that block's output tokens at the previous model call (the first merged call "
             "of a run uses its input). docs/quality.md compares them.",
         ),
         io.Float.Input(
-            "destination_penalty", default=0.0, min=PENALTY_RANGE[0], max=PENALTY_RANGE[1], step=0.05,
+            "destination_penalty", default=0.0, min=PENALTY_RANGE[0], max=PENALTY_RANGE[1], step=0.05, optional=True,
             tooltip="Selection-frequency penalty: a token chosen as a destination by every earlier "
             "re-selection of this run must beat the other candidates by this share of the best gain to be "
             "chosen again, spreading destinations over the image. 0 (default) = no penalty.",

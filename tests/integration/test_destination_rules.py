@@ -62,9 +62,10 @@ def test_nothing_remembered_reaches_the_next_run(build: str, latent: tuple, tiny
 
 
 def test_advanced_node_takes_the_rule_and_ratio_zero_stays_identical(tiny_flux: Any, tiny: Any, toma: Any) -> None:
-    """The inputs go last on the node (saved workflows are positional); ratio 0 is the unpatched model."""
-    names = [i.id for i in toma.nodes.ToMAPatchAdvanced.define_schema().inputs]
-    assert names[-2:] == ["destinations", "destination_penalty"]
+    """The inputs go last on the node (saved workflows are positional) and are optional (an API prompt
+    saved before them still validates); ratio 0 is the unpatched model."""
+    inputs = toma.nodes.ToMAPatchAdvanced.define_schema().inputs
+    assert [i.id for i in inputs[-2:]] == ["destinations", "destination_penalty"] and all(i.optional for i in inputs[-2:])
     baseline = tiny.sample(tiny_flux, FLUX_LATENT, seed=5)
     zero = patch(toma, tiny_flux, ratio=0.0, destination_penalty=1.0, **OUTPUTS)
     assert torch.equal(tiny.sample(zero, FLUX_LATENT, seed=5), baseline)
