@@ -10,10 +10,10 @@ an `Unmerged`); then record the block run, merged or unmerged with its reason.
 `run_merged` is that `merged` for the DiT families (Flux double / single blocks, Qwen-Image and SD3
 double blocks (image stream `img` = [image; references] beside the text stream `txt`), HunyuanVideo's
 double and single blocks, Wan's blocks, Lumina2's layers, HiDream's and Kandinsky 5's blocks), the
-merging below with every per-token table gathered to the destinations. A family says where its image tokens are (`ImageSpan`: their start in the sequence, the frame
-segments of a video grid) and where its per-token tables are (`Rows`: which argument, its token
-axis, where the image rows start in it and whether it is a key mask, whose last axis only is per
-token); `run_merged` does the rest, with the call's plan from the one plan builder
+merging below with every per-token table gathered to the destinations. A family says where its image
+tokens are (`ImageSpan`: their start in the sequence, the frame segments of a video grid) and where its
+per-token tables are (`Rows`: which argument, its token axis, where the image rows start in it and
+whether it is a key mask, whose last axis only is per token); `run_merged` does the rest, with the call's plan from the one plan builder
 (run/runtime.py CallContext.plan). A table of an unexpected shape runs the block unmerged, counted
 with the reason.
 
