@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 from ..toma_core import (
     BUDGETS,
+    FACILITY,
     SIMILARITIES,
     UNMERGES,
     MergeSchedule,
+    check_destinations,
     check_ratio,
     kept_per_tile,
 )
@@ -89,7 +91,9 @@ class ToMASettings:
     keys_values weighs each merged key by the tokens it stands for (its log-mass in the softmax,
     toma_core/keys_values.py; on the Wan fixture at the node's start_percent 0.4 it keeps 2-4 dB
     more, docs/video.md); False only to measure what that weight buys. scope "auto" is resolved per
-    family when a model is patched (registry.py Family.resolve).
+    family when a model is patched (registry.py Family.resolve). destinations: one of
+    toma_core.DESTINATIONS ("output_similarity": plans from the planning block's output at the previous
+    model call, run/destinations.py); destination_penalty: the selection-frequency penalty (toma_core/destinations.py).
     """
 
     ratio: float = 0.5
@@ -106,6 +110,8 @@ class ToMASettings:
     unmerge: str = "delta"
     tile_frames: int = NODE_TILE_FRAMES
     key_mass: bool = True
+    destinations: str = FACILITY
+    destination_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         check_ratio(self.ratio)
@@ -124,6 +130,7 @@ class ToMASettings:
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r} is not one of {', '.join(SCOPES)}")
         check_blocks_text(self.blocks)
+        check_destinations(self.destinations, self.destination_penalty)
         for name in ("verbose", "proportional_attention", "key_mass"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
@@ -171,6 +178,8 @@ class ToMASettings:
             f"{'' if self.scope == 'block' else f'scope {self.scope}, '}"
             f"{'proportional attention, ' if self.proportional_attention else ''}"
             f"{'' if self.unmerge == 'delta' else f'unmerge {self.unmerge}, '}"
+            f"{'' if self.destinations == FACILITY else f'destinations {self.destinations}, '}"
+            f"{f'destination penalty {self.destination_penalty:g}, ' if self.destination_penalty else ''}"
             f"window {s.start_percent:g}-{s.end_percent:g}, merge every {s.merge_every}, "
             f"recompute every {s.recompute_every}"
         )

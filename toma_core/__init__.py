@@ -9,6 +9,7 @@ n tokens per tile, k destinations per tile.
 from __future__ import annotations
 
 from .checks import RATIO_RANGE, check_plan_args, check_ratio
+from .destinations import DESTINATIONS, FACILITY, PENALTY_RANGE, check_destinations, count_destinations
 from .facility import facility_location, greedy_with_gains
 from .plan import BUDGETS, UNMERGES, MergePlan, TiledMergePlan, make_plan
 from .schedule import MergeSchedule, SigmaWindow, StepDecision, step_index
@@ -17,6 +18,9 @@ from .tiling import TileGrid, kept_per_tile
 
 __all__ = [
     "BUDGETS",
+    "DESTINATIONS",
+    "FACILITY",
+    "PENALTY_RANGE",
     "RATIO_RANGE",
     "SIMILARITIES",
     "UNMERGES",
@@ -26,8 +30,10 @@ __all__ = [
     "StepDecision",
     "TileGrid",
     "TiledMergePlan",
+    "check_destinations",
     "check_plan_args",
     "check_ratio",
+    "count_destinations",
     "facility_location",
     "greedy_with_gains",
     "kept_per_tile",

@@ -19,7 +19,9 @@ this fraction below the best changes F by no more than that fraction.
 """
 
 
-def facility_location(sim: torch.Tensor, k: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+def facility_location(
+    sim: torch.Tensor, k: int, mask: torch.Tensor | None = None, penalty: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Return (..., k) distinct indices into n, in greedy order, maximising F(S).
 
     sim: (..., n, n) similarities (row i = candidate, column j = token it may cover).
@@ -28,14 +30,19 @@ def facility_location(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     distinct, so callers can drop them by position. Ties (gains within TIE_TOLERANCE of the best)
     go to the lowest index (deterministic);
     chosen tokens are excluded, so a tile of identical tokens still yields k distinct indices.
+    penalty (..., n) >= 0: each candidate is picked on gain - penalty x the pick's best gain
+    (destinations.penalty_weight: the selection-frequency penalty); None picks on the gain alone.
     """
-    return greedy_with_gains(sim, k, mask)[0]
+    return greedy_with_gains(sim, k, mask, penalty)[0]
 
 
-def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_with_gains(
+    sim: torch.Tensor, k: int, mask: torch.Tensor | None = None, penalty: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`facility_location` plus the marginal gain of every pick, (..., k) fp32.
 
-    A pick's gain is how much it raised F; it is -1 for the fallback picks of masked tokens.
+    A pick's gain is how much it raised F, also under a penalty (which changes only which token is
+    picked); it is -1 for the fallback picks of masked tokens.
     Greedy gains are comparable across tiles, so they can share one budget (make_plan's
     budget="adaptive").
     """
@@ -61,7 +68,7 @@ def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
     for _ in range(k):
         # sum_j max(0, s_vj - cover_j) in one reused buffer: the greedy's cost is these k passes
         gain = torch.sub(s, cover.unsqueeze(-2), out=excess).clamp_min_(0).sum(-1).add_(closed)
-        idx = stable_argmax(gain)
+        idx = stable_argmax(gain if penalty is None else penalised(gain, penalty))
         pick = idx.unsqueeze(-1)
         picks.append(idx)
         gains.append(gain.gather(-1, pick))
@@ -69,6 +76,12 @@ def greedy_with_gains(sim: torch.Tensor, k: int, mask: torch.Tensor | None = Non
         row = s.gather(-2, pick.unsqueeze(-1).expand(*idx.shape, 1, n)).squeeze(-2)
         torch.maximum(cover, row, out=cover)
     return torch.stack(picks, dim=-1), torch.cat(gains, dim=-1)
+
+
+def penalised(gain: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """(..., n) score of each candidate: gain - penalty x the best gain (>= 0) of its tile's candidates."""
+    best = gain.amax(dim=-1, keepdim=True).clamp_min(0)
+    return gain - penalty * best
 
 
 def stable_argmax(gain: torch.Tensor) -> torch.Tensor:

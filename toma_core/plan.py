@@ -11,6 +11,7 @@ import torch
 
 from .assignment import adaptive_slots, assignment, balanced_assignment, hard_assignment, own_destinations
 from .checks import check_plan_args, whole
+from .destinations import penalty_weight
 from .facility import facility_location, greedy_with_gains
 from .rows import select_rows, take_destinations, take_rows
 from .similarity import check_similarity, pairwise, prepare_features
@@ -238,6 +239,8 @@ def make_plan(
     unmerge: str = "delta",
     frames: int = 1,
     tile_frames: int = 1,
+    frequency: torch.Tensor | None = None,
+    penalty: float = 0.0,
 ) -> MergePlan:
     """Choose destinations per sample and tile, and build the merge/unmerge matrices.
 
@@ -250,6 +253,7 @@ def make_plan(
     0 is a hard assignment. budget: "tile" keeps the same share of every tile (paper);
     "adaptive" shares the same D over the tiles of each sample by facility-location gain.
     unmerge: one of UNMERGES (how `unmerge_residual` returns a block's result to N tokens).
+    frequency (B, N) in [0, 1] and penalty in [0, 1]: the selection-frequency penalty (destinations.py).
     A plan that would keep every token is the exact no-op `MergePlan`.
     """
     check_plan_args(height, width, ratio, tile_size, temperature)
@@ -271,11 +275,12 @@ def make_plan(
     tiles = grid.fold(prepare_features(features, similarity))
     sim = pairwise(tiles, similarity)
     pad = grid.pad_mask(features.device).expand(sim.shape[:-1])
+    weight = penalty_weight(grid, frequency, pad, penalty)
     if budget == "adaptive":
-        dst, gains = greedy_with_gains(sim, grid.max_real, pad)
+        dst, gains = greedy_with_gains(sim, grid.max_real, pad, weight)
         slot_valid, maps = adaptive_slots(gains, grid.num_kept)
     else:
-        dst = facility_location(sim, grid.k, pad)
+        dst = facility_location(sim, grid.k, pad, weight)
         slot_valid = grid.slot_valid(features.device).unsqueeze(0)
         static = grid.slot_maps(features.device)
         maps = None if static is None else (static[0].unsqueeze(0), static[1].unsqueeze(0))

@@ -151,13 +151,15 @@ def make_video_plan(
     temperature: float = 1e-3,
     budget: str = "tile",
     unmerge: str = "delta",
+    frequency: torch.Tensor | None = None,
+    penalty: float = 0.0,
 ) -> SegmentPlan:
     """A plan over the frames of `segments`, in order.
 
     features: (B, N, C) with N = sum(segment frames) * height * width, t-major. Merging segments
     get t x s x s tiles (t = min(tile_frames, frames), s = tile_size) and make_plan's destinations;
-    pass-through segments keep every token. ratio, tile_size, similarity, temperature, budget and
-    unmerge as in make_plan.
+    pass-through segments keep every token. ratio, tile_size, similarity, temperature, budget,
+    unmerge, frequency (B, N) and penalty as in make_plan.
     """
     check_segments(segments)
     check_plan_args(height, width, ratio, tile_size, temperature)
@@ -172,9 +174,11 @@ def make_video_plan(
     counts: list[int] | None = []
     start = 0
     for segment in segments:
-        chunk = features[:, start:start + segment.frames * per_frame]
+        span = slice(start, start + segment.frames * per_frame)
         start += segment.frames * per_frame
-        part = _segment_plan(chunk, segment, height, width, ratio, tile_size, similarity, temperature, budget, unmerge)
+        options = {"similarity": similarity, "temperature": temperature, "budget": budget, "unmerge": unmerge,
+                   "frequency": None if frequency is None else frequency[:, span], "penalty": penalty}
+        part = _segment_plan(features[:, span], segment, height, width, ratio, tile_size, options)
         parts.append(part)
         counts = _frame_counts(counts, part, segment, per_frame, budget)
     return SegmentPlan(parts, counts)
@@ -192,12 +196,11 @@ def check_segments(segments: list[Segment]) -> None:
 
 
 def _segment_plan(features: torch.Tensor, segment: Segment, height: int, width: int, ratio: float,
-                  tile_size: int, similarity: str, temperature: float, budget: str, unmerge: str) -> MergePlan:
+                  tile_size: int, options: dict) -> MergePlan:
     if not segment.merge:
         return MergePlan(features.shape[0], features.shape[1], features.device)
     return make_plan(
-        features, height, width, ratio, tile_size, similarity=similarity, temperature=temperature,
-        budget=budget, unmerge=unmerge, frames=segment.frames, tile_frames=segment.tile_frames,
+        features, height, width, ratio, tile_size, frames=segment.frames, tile_frames=segment.tile_frames, **options,
     )
 
 

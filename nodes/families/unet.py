@@ -52,6 +52,7 @@ from .unet_attention import (
 )
 from .unet_blocks import UNetBlockSpec, parse_unet_blocks
 from .unet_sites import (
+    PLAN_SLOT,
     TransformerSite,
     describe_blocks,
     find_sites,
@@ -138,11 +139,15 @@ def make_block_forward(site: TransformerSite, foreign: Callable | None = None, k
             plan = level_plan(ctx, x, transformer_options)
             if keys_values:
                 keys = Keys(0, x.shape[1], balance=True)
-                return run_with_merged_keys(
+                out = run_with_merged_keys(
                     lambda options: run(x, context, options), transformer_options, plan, keys, ctx.settings.key_mass, ctx.note_attention, ctx.kernel,
                 )
-            x_m = plan.merge(x)
-            return plan.unmerge_residual(x, x_m, run(x_m, context, transformer_options))
+            else:
+                x_m = plan.merge(x)
+                out = plan.unmerge_residual(x, x_m, run(x_m, context, transformer_options))
+            if not isinstance(out, Unmerged):  # kept for the next call's plan (CallContext.note_output)
+                ctx.note_output(PLAN_SLOT, *(int(n) for n in transformer_options["activations_shape"][-2:]), out)
+            return out
 
         return run_hook({"transformer_options": transformer_options}, None, lambda: run(x, context, transformer_options), merged)
 

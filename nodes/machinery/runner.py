@@ -3,23 +3,17 @@ merged run of a block whose image tokens are a span of one argument (`run_merged
 and the merging around one block that both are made of (`merge_span`, `unmerge_span`, the per-token
 rows and key masks), read top to bottom in that order.
 
-`run_hook`: find the running call's CallContext (none: the run counts as an orphan and the block runs
-as it is), run the block as it is when the call does not merge, else let the family merge it; then
-record the block run, merged or unmerged with its reason. A family supplies `merged(ctx)`, which
-returns the block's result on merged tokens or an `Unmerged`.
+`run_hook`: find the call's CallContext (none: an orphan, run as it is), run the block as it is when the
+call does not merge, else let the family merge it (`merged(ctx)`: the block's result on merged tokens or
+an `Unmerged`); then record the block run, merged or unmerged with its reason.
 
 `run_merged` is that `merged` for the DiT families (Flux double / single blocks, Qwen-Image and SD3
 double blocks (image stream `img` = [image; references] beside the text stream `txt`), HunyuanVideo's
-double and single blocks, Wan's blocks, Lumina2's layers, HiDream's and Kandinsky 5's blocks):
-
-    x = seq[:, start:start+N]                  the main image grid (B, N, C)
-    block(seq with M x in place of x, every per-token table gathered to the destinations)
-    seq' = out with x + U(out_span - M x) in place of the span
-
-A family says where its image tokens are (`ImageSpan`: their start in the sequence, the frame
-segments of a video grid) and where its per-token tables are (`Rows`: which argument, its token
-axis, where the image rows start in it and whether it is a key mask, whose last axis only is per
-token); `run_merged` does the rest, with the call's plan from the one plan builder
+double and single blocks, Wan's blocks, Lumina2's layers, HiDream's and Kandinsky 5's blocks), the
+merging below with every per-token table gathered to the destinations. A family says where its image
+tokens are (`ImageSpan`: their start in the sequence, the frame segments of a video grid) and where its
+per-token tables are (`Rows`: which argument, its token axis, where the image rows start in it and
+whether it is a key mask, whose last axis only is per token); `run_merged` does the rest, with the call's plan from the one plan builder
 (run/runtime.py CallContext.plan). A table of an unexpected shape runs the block unmerged, counted
 with the reason.
 
@@ -33,9 +27,9 @@ maps the span to D merged tokens and a block's change back:
     out = block(seq_m, rows gathered to the D destinations)   (merge_tables)
     y = [head'; x + U(out_span - M x); tail']  (B, L, C)     (unmerge_span)
 
-The merged sequence is always a fresh tensor and the delta is taken against our own copy of
-M x, so blocks that write into their input in place (`x += ...` in comfy.ldm.flux.layers.
-SingleStreamBlock, Chroma's and HunyuanVideo's blocks) cannot zero the delta.
+The merged sequence is always a fresh tensor and the delta is taken against our own copy of M x, so
+blocks that write into their input in place (`x += ...` in comfy.ldm.flux.layers.SingleStreamBlock,
+Chroma's and HunyuanVideo's blocks) cannot zero the delta.
 """
 
 from __future__ import annotations
@@ -68,9 +62,8 @@ R = TypeVar("R")
 
 
 def block_context(args: dict, extra: dict | None = None) -> CallContext | None:
-    """The running call's CallContext for a block hook; a hook without one is counted as orphan
-    (it runs unmerged). transformer_options may be missing from args: a forward loop that calls the
-    blocks itself (TeaCache-style) passes none, and current.find_call falls back to the active call."""
+    """The running call's CallContext for a block hook (none: counted as orphan, it runs unmerged); a forward
+    loop calling the blocks itself (TeaCache-style) passes no transformer_options: find_call's active call."""
     ctx = find_call(args, extra)
     if ctx is None:
         note_orphan("no ToMA call context")
@@ -213,7 +206,7 @@ def run_merged(
     image = seq[:, span.start:span.start + n]
     plan = image_plan(ctx, slot, image, span.segments)
     if ctx.settings.scope == KEYS_VALUES:
-        return run_keys_values(ctx, plan, span.keys, seq, args, span.tables, span.length, call)
+        return noted(ctx, slot, span, n, output, run_keys_values(ctx, plan, span.keys, seq, args, span.tables, span.length, call))
     merged = merge_tables(args, span.tables, plan, span.length)
     if span.more is not None and not isinstance(merged, Unmerged):
         extra = span.more(plan)
@@ -224,7 +217,14 @@ def run_merged(
     out = unless_cut(lambda: call(seq_m, merged), merged.get("transformer_options"))
     if isinstance(out, Unmerged):
         return out
-    return rebuild(out, unmerge_span(output(out), span.start, plan, x, x_m))
+    return noted(ctx, slot, span, n, output, rebuild(out, unmerge_span(output(out), span.start, plan, x, x_m)))
+
+
+def noted(ctx: CallContext, slot: str, span: ImageSpan, n: int, output: Callable[[R], torch.Tensor], out: R | Unmerged) -> R | Unmerged:
+    """out, its n image tokens kept for the next call's plan (CallContext.note_output)."""
+    if not isinstance(out, Unmerged):
+        ctx.note_output(slot, ctx.geometry.height, ctx.geometry.width, output(out)[:, span.start:span.start + n], span.segments)
+    return out
 
 
 def run_keys_values(

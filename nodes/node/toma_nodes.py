@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ...toma_core import BUDGETS, RATIO_RANGE, SIMILARITIES, UNMERGES, MergeSchedule
+from ...toma_core import BUDGETS, DESTINATIONS, PENALTY_RANGE, RATIO_RANGE, SIMILARITIES, UNMERGES, MergeSchedule
 from ..families.registry import blocks_examples, node_models, video_models
 from ..settings import (
     NODE_MIN_TOKENS,
@@ -163,6 +163,26 @@ def tile_frames_input() -> io.Int.Input:
     )
 
 
+def destination_inputs() -> list:
+    """Last on the advanced node, after tile_frames (positional widgets_values, see merge_every_input);
+    optional, so an API prompt saved before they existed still validates and runs with their defaults."""
+    return [
+        io.Combo.Input(
+            "destinations", options=list(DESTINATIONS), default=DESTINATIONS[0], optional=True,
+            tooltip="How destination tokens are chosen when a step re-selects them. facility (paper): on the "
+            "similarity of the tokens entering the first merged block. output_similarity (after DiTo): on "
+            "the similarity of that block's output tokens at the previous model call (the first merged call "
+            "of a run uses its input). docs/quality.md compares them.",
+        ),
+        io.Float.Input(
+            "destination_penalty", default=0.0, min=PENALTY_RANGE[0], max=PENALTY_RANGE[1], step=0.05, optional=True,
+            tooltip="Selection-frequency penalty: a token chosen as a destination by every earlier "
+            "re-selection of this run must beat the other candidates by this share of the best gain to be "
+            "chosen again, spreading destinations over the image. 0 (default) = no penalty.",
+        ),
+    ]
+
+
 def build_settings(ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, **advanced) -> ToMASettings:
     """ToMASettings from node inputs (ValueError naming the bad value and its range)."""
     schedule = MergeSchedule(float(start_percent), float(end_percent), recompute_every, merge_every)
@@ -198,7 +218,8 @@ class ToMAPatchAdvanced(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return node_schema(
-            "ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input(), unmerge_input(), tile_frames_input()],
+            "ToMAPatchAdvanced", "ToMA Patch (Advanced)", basic_inputs() + advanced_inputs() + [merge_every_input(), unmerge_input(), tile_frames_input()]
+            + destination_inputs(),
         )
 
     @classmethod
@@ -214,13 +235,14 @@ class ToMAPatchAdvanced(io.ComfyNode):
     def execute(
         cls, model, ratio, tile_size, start_percent, end_percent, recompute_every,
         blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, merge_every,
-        unmerge, tile_frames=NODE_TILE_FRAMES,
+        unmerge, tile_frames=NODE_TILE_FRAMES, destinations=DESTINATIONS[0], destination_penalty=0.0,
     ) -> io.NodeOutput:
         settings = build_settings(
             ratio, tile_size, start_percent, end_percent, recompute_every, merge_every, blocks=blocks,
             min_tokens=min_tokens, similarity=similarity, temperature=float(temperature),
             budget=budget, proportional_attention=bool(proportional_attention), scope=scope,
             verbose=bool(verbose), unmerge=unmerge, tile_frames=int(tile_frames),
+            destinations=destinations, destination_penalty=float(destination_penalty),
         )
         return io.NodeOutput(patch_model(model, settings))
 

@@ -95,6 +95,8 @@ class RunRecord:
     auto: tuple[Measured, ...] = ()
     attention: dict[str, int] = field(default_factory=dict)
     """Scope keys_values: merged attention calls by "<kernel> as <form>" (the line's "attention:" part)."""
+    plans_from_outputs: int | None = None
+    """Destinations "output_similarity": the plans chosen on a block output ("n plans built, m from block outputs")."""
 
     def line(self) -> str:
         """The one-line run summary: its parts joined by " | "."""
@@ -105,7 +107,7 @@ class RunRecord:
             f"ToMA [{self.family}]: {grids}",
             f"merged {self.steps_merged}/{self.total_steps} steps, {self.calls_merged}/{self.total_calls} calls",
             f"{self.blocks_selected} transformer blocks selected ({self.blocks}), {self.block_runs_merged} block runs merged",
-            f"{self.plans_built} plans built",
+            f"{self.plans_built} plans built" + ("" if self.plans_from_outputs is None else f", {self.plans_from_outputs} {FROM_OUTPUTS}"),
             "unmerged: " + (", ".join(unmerged) or "none"),
         ]
         if self.attention:
@@ -121,6 +123,7 @@ class RunRecord:
 
 
 NO_TOKENS = "no tokens merged"
+FROM_OUTPUTS = "from block outputs"
 
 
 def parse_run_line(line: str) -> RunRecord:
@@ -133,7 +136,7 @@ def parse_run_line(line: str) -> RunRecord:
     head = _match(r"ToMA \[(.*?)\]: (.*)", parts[0])
     steps = _match(r"merged (\d+)/(\d+) steps, (\d+)/(\d+) calls", parts[1])
     blocks = _match(r"(\d+) transformer blocks selected \((.*)\), (\d+) block runs merged", parts[2])
-    plans = _match(r"(\d+) plans built", parts[3])
+    plans = _match(rf"(\d+) plans built(?:, (\d+) {FROM_OUTPUTS})?", parts[3])
     calls, block_runs = _unmerged(_match(r"unmerged: (.*)", parts[4])[1])
     rest = parts[5:]
     attention = _attention(rest[0][len(ATTENTION):]) if rest[0].startswith(ATTENTION) else {}
@@ -154,6 +157,7 @@ def parse_run_line(line: str) -> RunRecord:
         blocks_selected=int(blocks[1]), blocks=blocks[2], block_runs_merged=int(blocks[3]), plans_built=int(plans[1]),
         unmerged_calls=calls, unmerged_blocks=block_runs, status=status, eligible_calls=eligible,
         settings=settings, gain=gain, auto=auto or (), attention=attention,
+        plans_from_outputs=None if plans[2] is None else int(plans[2]),
     )
 
 

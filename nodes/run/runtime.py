@@ -45,11 +45,12 @@ from typing import Any
 
 import torch
 
-from ...toma_core import MergePlan, SigmaWindow, StepDecision, make_plan
+from ...toma_core import FACILITY, MergePlan, SigmaWindow, StepDecision, make_plan
 from ...toma_core.video import Segment, make_video_plan
 from ..contract import CallGeometry
 from ..settings import ToMASettings
 from .config import ToMAConfig
+from .destinations import DestinationMemory
 from .gain import CallKey, CallTimer
 from .stats import RunStats
 
@@ -68,6 +69,9 @@ class RunState:
         self._sigma_source: Any = None
         self._sigma_list: list[float] = []
         self.timer = CallTimer()
+        if config.settings.destinations != FACILITY:
+            self.stats.plans_from_outputs = 0
+        self.memory = DestinationMemory(self.stats)
         self.lock = threading.RLock()
         """Held where calls change the run: a call's decision (wrappers.py build_call: counters, the
         timer's finished calls), plans_for, keep_plans, record_block and a call's recount."""
@@ -161,6 +165,8 @@ class CallContext:
     batch: int
     composition: tuple
     plans: dict[tuple, MergePlan] = field(default_factory=dict)
+    noted: set = field(default_factory=set)
+    """Plan keys whose planning block output this call has kept (note_output: the first block's only)."""
     kernel: tuple | None = None
     block_runs: int = 0
     merged_blocks: int = 0
@@ -188,12 +194,36 @@ class CallContext:
         plan = self.plans.get(key)
         if plan is None:
             options = {"similarity": s.similarity, "temperature": s.temperature, "budget": s.budget, "unmerge": s.unmerge}
+            remembers = not compiling() and (s.destinations != FACILITY or s.destination_penalty > 0)
+            if remembers:
+                frames = 1 if segments is None else sum(segment.frames for segment in segments)
+                inputs, more = self.state.memory.plan_inputs(
+                    self._memory_key(key), s.destinations, s.destination_penalty, frames * height * width, features,
+                )
+                features, options = (lambda: inputs), options | more
             if segments is None:
                 plan = make_plan(features(), height, width, s.ratio, s.tile_size, **options)
             else:
                 plan = make_video_plan(features(), list(segments), height, width, s.ratio, s.tile_size, **options)
+            if remembers and s.destination_penalty > 0:
+                self.state.memory.count(self._memory_key(key), plan)
             self.plans[key] = plan
         return plan
+
+    def _memory_key(self, key: tuple) -> tuple:
+        return (key, self.batch, self.composition)
+
+    def note_output(self, slot: Any, height: int, width: int, output: torch.Tensor,
+                    segments: tuple[Segment, ...] | None = None) -> None:
+        """Keep the image output (B, N, C) of the first block of this call that used the plan at
+        (slot, segments, h, w), for "output_similarity" plans of the next call (run/destinations.py).
+        Nothing under the facility rule or torch.compile."""
+        if self.settings.destinations == FACILITY or compiling():
+            return
+        key = (slot if segments is None else (slot, segments), height, width)
+        if key not in self.noted:
+            self.noted.add(key)
+            self.state.memory.note_output(self._memory_key(key), output)
 
     def note_attention(self, text: str) -> None:
         """Count one merged keys/values attention call by "<kernel> as <form>" (the run line's attention part)."""

@@ -32,6 +32,8 @@ class RunStats:
     steps_merged: set[int] = field(default_factory=set)
     block_runs_merged: int = 0
     plans_built: int = 0
+    plans_from_outputs: int | None = None
+    """Plans chosen on a block output (destinations "output_similarity"; None under the facility rule)."""
     unmerged_calls: Counter = field(default_factory=Counter)
     unmerged_blocks: Counter = field(default_factory=Counter)
     tokens: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
@@ -81,6 +83,7 @@ def run_record(
         calls_merged=stats.merged_calls, total_calls=stats.calls,
         blocks_selected=adapter.num_blocks, blocks=adapter.blocks,
         block_runs_merged=stats.block_runs_merged, plans_built=stats.plans_built,
+        plans_from_outputs=stats.plans_from_outputs,
         unmerged_calls={str(why): n for why, n in stats.unmerged_calls.items()},
         unmerged_blocks=unmerged_blocks,
         status=status, eligible_calls=stats.eligible_calls if status == "bypassed" else None,

@@ -467,7 +467,7 @@ def test_nodes_schema_and_execute(tiny_flux: Any, tiny: Any, toma: Any) -> None:
     assert advanced.display_name == "ToMA Patch (Advanced)"
     assert [i.id for i in advanced.inputs][6:] == [  # merge_every last: saved workflows keep their values
         "blocks", "min_tokens", "similarity", "temperature", "budget", "proportional_attention", "scope", "verbose",
-        "merge_every", "unmerge", "tile_frames",
+        "merge_every", "unmerge", "tile_frames", "destinations", "destination_penalty",
     ]
     for schema in (basic, advanced):
         assert schema.category == "model_patches/ToMA" and schema.description

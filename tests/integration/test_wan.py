@@ -316,9 +316,10 @@ def test_compile_clean_under_torch_compile(wan: Any, tiny: Any, toma: Any, t2v: 
 
 
 def test_advanced_node_tile_frames_reaches_the_wan_plan(wan: Any, tiny: Any, toma: Any, t2v: Any) -> None:
-    """tile_frames is the Advanced node's last input; the basic node keeps the settings' default."""
+    """tile_frames follows unmerge on the Advanced node (the destination inputs come after it); the
+    basic node keeps the settings' default."""
     nodes = toma.nodes
-    assert [i.id for i in nodes.ToMAPatchAdvanced.define_schema().inputs][-1] == "tile_frames"
+    assert [i.id for i in nodes.ToMAPatchAdvanced.define_schema().inputs][-4:-2] == ["unmerge", "tile_frames"]
     assert "tile_frames" not in [i.id for i in nodes.ToMAPatch.define_schema().inputs]
     out = nodes.ToMAPatchAdvanced.execute(
         t2v, 0.5, 4, 0.0, 1.0, 1, blocks="all", min_tokens=0, similarity="cosine", temperature=0.001, budget="tile",
