@@ -5,10 +5,11 @@ predicted real-size speed-ups on Flux.1-dev (20 steps) and SDXL (30 steps) at 10
     python -m bench.speed.defaults_search table       # the search table from that record and the cost model
 
 Criterion: among the settings whose predicted end-to-end speed-up (bench/speed/realsize.py) is
->= 1.25x on both Flux.1-dev and SDXL at 1024 px, the best mean fixture quality (PSNR against the
+>= 1.25x (--at-least LABEL: at least that candidate's) on both Flux.1-dev and SDXL at 1024 px, the best mean fixture quality (PSNR against the
 unpatched image, mean over the Flux and SDXL fixtures and 5 seeds), with SSIM >= 0.95 on both.
 
-`quality` samples only what the table needs: per fixture and seed, the unpatched image and each
+A candidate's `blocks` may name a rule instead of a list (`blocks_of`: "old-auto", "later", "later-2/3"),
+resolved per model, real or fixture. `quality` samples only what the table needs: per fixture and seed, the unpatched image and each
 candidate, through the quality bench's own node chains and sampler (
 build_variant, sample, image_metrics in bench/quality/quality.py), untimed. Results are written after every seed. The margin
 against fewer steps compares a setting's PSNR with the fewer-steps PSNR of the same fixture at
@@ -68,22 +69,17 @@ blocks; every UNet transformer block, as it was on SDXL and the fixtures). "late
 
 
 def blocks_of(blocks: str, sizes: dict[str, int] | None) -> str:
-    """A candidate's `blocks` as a list for a model with sizes[stream] DiT blocks (None: a UNet).
-    "later": each stream's later half; "later-order": the later half of all blocks in the order they run."""
-    if blocks not in (OLD_AUTO, "later", "later-order", "later-2/3"):
+    """A candidate's `blocks` as a list for a model with sizes[stream] DiT blocks (None: a UNet): OLD_AUTO,
+    "later" (each stream from n // 2; the UNet's output blocks), "later-2/3" (from n // 3; middle and output)."""
+    if blocks not in FIRST:
         return blocks
     if sizes is None:
-        return {OLD_AUTO: "all", "later-2/3": "middle,output"}.get(blocks, "output")
-    if blocks == "later-2/3":
-        return ",".join(f"{g}:{n // 3}-{n - 1}" for g, n in sizes.items())
-    if blocks == "later-order":
-        cut, parts = sum(sizes.values()) // 2, []
-        for g, n in sizes.items():
-            if cut < n:
-                parts.append(f"{g}:{max(cut, 0)}-{n - 1}")
-            cut -= n
-        return ",".join(parts)
-    return ",".join(f"{g}:{min(5, n // 3) if blocks == OLD_AUTO else n // 2}-{n - 1}" for g, n in sizes.items())
+        return {OLD_AUTO: "all", "later": "output"}.get(blocks, "middle,output")
+    return ",".join(f"{g}:{FIRST[blocks](n)}-{n - 1}" for g, n in sizes.items())
+
+
+FIRST = {OLD_AUTO: lambda n: min(5, n // 3), "later": lambda n: n // 2, "later-2/3": lambda n: n // 3}
+"""The first block of a DiT stream of n that each rule of blocks_of merges."""
 
 
 def row_of(s: model.Setting, sizes: dict[str, int] | None) -> dict[str, Any]:
