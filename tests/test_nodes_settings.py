@@ -92,6 +92,13 @@ def test_blocks_auto_at_any_depth_is_the_later_half_and_ends_with_the_last_block
     assert chosen <= video and depth - 1 in video
 
 
+@pytest.mark.parametrize("spec", ["all", "double:0-3", "double:0,single:2-5", "single"])
+def test_explicit_blocks_win_over_auto_on_image_and_video_models(spec: str):
+    sizes = {"double": 19, "single": 38}
+    image, video = flux_blocks.parse_dit_blocks(spec, sizes), flux_blocks.parse_dit_blocks(spec, sizes, video=True)
+    assert image == video != flux_blocks.parse_dit_blocks("auto", sizes)
+
+
 def test_flux_blocks_auto_in_shallow_models():
     assert flux_blocks.parse_flux_blocks("auto", 2, 2).describe() == "double:1,single:1"
     assert flux_blocks.parse_flux_blocks("auto", 1, 1).count == 2
