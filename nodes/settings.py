@@ -38,17 +38,19 @@ tokens in self-attention are merged, nothing is unmerged (machinery/keys_values.
 NODE_SCOPE = AUTO_SCOPE
 """The nodes' scope: each family's own (registry.py Family.scope). ToMASettings keeps "block"."""
 
-NODE_RATIO = 0.5
+NODE_RATIO = 0.75
 NODE_TILE_SIZE = 8
-NODE_START_PERCENT = 0.4
-"""The basic node's defaults (ratio, tile_size, start_percent; end 1, every step, re-select every step).
+NODE_START_PERCENT = 0.2
+"""The basic node's defaults (ratio, tile_size, start_percent; end 1, every step, re-select every step),
+with `blocks` auto the later half of the model (machinery/dit_blocks.py, families/unet_blocks.py).
 
-Chosen by bench/speed/defaults_search.py (docs/realsize.md): of the settings whose end-to-end
-speed-up predicted by the real-size cost model (bench/speed/realsize.py) is at least 1.25x on both
-Flux.1-dev (20 steps) and SDXL (30 steps, CFG) at 1024 x 1024, the one closest to the SSIM floor of
-0.95 on the trained fixtures (which no such setting reaches on the Flux fixture), also the best
-mean PSNR among them; figures and the search table in docs/realsize.md. ToMASettings and MergeSchedule keep the paper's every-step schedule and
-tile 4 (the library defaults)."""
+Chosen by bench/speed/defaults_search.py (docs/defaults.md): of the settings whose end-to-end
+speed-up predicted by the real-size cost model (bench/speed/realsize.py) is at least the previous
+defaults' (ratio 0.5, tile 8, from 0.4, every block but the first five: 1.36x on Flux.1-dev at 20 steps
+and 1.33x on SDXL at 30 steps, CFG, 1024 x 1024), the best mean PSNR on the trained Flux and SDXL
+fixtures with SSIM >= 0.95 on both. Merging fewer, later blocks harder and earlier in the run keeps more
+than merging nearly every block gently from 40 %. ToMASettings and MergeSchedule keep the paper's
+every-step schedule and tile 4 (the library defaults)."""
 
 RATIO_TOLERANCE = 0.02
 """A tile's rounding that moves the merged share by more than this is said in the log (settings.notes)."""

@@ -72,14 +72,36 @@ def test_merges_false_for_ratio_zero_or_empty_window():
     assert not ToMASettings(schedule=core.MergeSchedule(0.5, 0.5, 1)).merges
 
 
-def test_flux_blocks_auto_matches_reference_for_flux1():
+def test_flux_blocks_auto_is_the_later_half_of_each_stream_of_flux1():
     blocks = flux_blocks.parse_flux_blocks("auto", 19, 38)
-    assert blocks.describe() == "double:5-18,single:5-37"
-    assert blocks.count == 14 + 33
+    assert blocks.describe() == "double:9-18,single:19-37"
+    assert blocks.count == 10 + 19
 
 
-def test_flux_blocks_auto_merges_everything_in_shallow_models():
-    assert flux_blocks.parse_flux_blocks("auto", 2, 2).count == 4
+def test_video_blocks_auto_keeps_every_block_but_the_first_five():
+    assert flux_blocks.parse_flux_blocks("auto", 19, 38, video=True).describe() == "double:5-18,single:5-37"
+    assert flux_blocks.parse_dit_blocks("auto", {"blocks": 40}, video=True).blocks == frozenset(range(5, 40))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 7, 12, 19, 38, 57, 60])
+def test_blocks_auto_at_any_depth_is_the_later_half_and_ends_with_the_last_block(depth: int):
+    chosen = flux_blocks.parse_dit_blocks("auto", {"layers": depth}).layers
+    assert chosen == frozenset(range(depth // 2, depth))
+    assert depth - 1 in chosen and 2 * len(chosen) in (depth, depth + 1)
+    video = flux_blocks.parse_dit_blocks("auto", {"blocks": depth}, video=True).blocks
+    assert chosen <= video and depth - 1 in video
+
+
+@pytest.mark.parametrize("spec", ["all", "double:0-3", "double:0,single:2-5", "single"])
+def test_explicit_blocks_win_over_auto_on_image_and_video_models(spec: str):
+    sizes = {"double": 19, "single": 38}
+    image, video = flux_blocks.parse_dit_blocks(spec, sizes), flux_blocks.parse_dit_blocks(spec, sizes, video=True)
+    assert image == video != flux_blocks.parse_dit_blocks("auto", sizes)
+
+
+def test_flux_blocks_auto_in_shallow_models():
+    assert flux_blocks.parse_flux_blocks("auto", 2, 2).describe() == "double:1,single:1"
+    assert flux_blocks.parse_flux_blocks("auto", 1, 1).count == 2
 
 
 def test_flux_blocks_all_and_lists():

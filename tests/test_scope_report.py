@@ -48,8 +48,8 @@ def test_best_row_is_the_highest_psnr_at_least_as_fast() -> None:
 
 def test_fixture_blocks_map_to_the_real_depth_by_position() -> None:
     flux, wan, sdxl = (real_speed.TARGETS[f][0] for f in ("flux", "wan", "sdxl"))
-    # auto on the fixture: Flux double 1-3 of 4, single 2-7 of 8; Wan blocks 2-5 of 6
-    assert real_speed.real_blocks("auto", "flux", flux) == "double:4-18,single:9-37"
+    # auto on the fixture: Flux's later half, double 2-3 of 4, single 4-7 of 8; Wan (video) blocks 2-5 of 6
+    assert real_speed.real_blocks("auto", "flux", flux) == "double:9-18,single:19-37"
     assert real_speed.real_blocks("auto", "wan", wan) == "blocks:13-39"
     assert real_speed.real_blocks("blocks:0-5", "wan", wan) == "blocks:0-39"
     assert real_speed.real_blocks("all", "flux", flux) == "all"

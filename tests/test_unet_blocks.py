@@ -24,16 +24,20 @@ def selected(spec: str, blocks: list[tuple[str, int, int]]) -> list[tuple[str, i
     return [(g, i) for g, i, d in blocks if parsed.selects((g, i), d)]
 
 
-def test_auto_covers_every_sdxl_level_including_32x32() -> None:
-    # On SDXL at 1024^2 "auto" must include the 32x32 (1/4) level.
-    assert selected("auto", SDXL) == [(g, i) for g, i, _ in SDXL]
-    assert ("middle", 0) in selected("auto", SDXL)
+def test_auto_is_sdxls_output_half() -> None:
+    # On SDXL "auto" is the decoder: output 0-5 (levels 1/4 and 1/2), no input or middle block.
+    assert selected("auto", SDXL) == [("output", i) for i in range(6)]
 
 
-def test_auto_leaves_out_sd15_eighth_level() -> None:
-    chosen = selected("auto", SD15)
-    assert ("middle", 0) not in chosen
-    assert len(chosen) == len(SD15) - 1
+def test_auto_is_sd15s_output_blocks_at_every_level() -> None:
+    assert selected("auto", SD15) == [("output", i) for i in range(3, 12)]
+
+
+@pytest.mark.parametrize("downsample", [1, 2, 4, 8, 16])
+def test_auto_takes_no_encoder_block_and_no_level_past_one_quarter(downsample: int) -> None:
+    auto = parse("auto")
+    assert not auto.selects(("input", 1), downsample) and not auto.selects(("middle", 0), downsample)
+    assert auto.selects(("output", 7), downsample) == (downsample <= unet_blocks.AUTO_MAX_DOWNSAMPLE)
 
 
 @pytest.mark.parametrize("spec", ["", "  AUTO ", "auto"])

@@ -71,7 +71,7 @@ def real_blocks(blocks: str, fixture: str, target: Target) -> str:
     if not target.depths or blocks.strip().lower() == "all":
         return blocks
     parse = rs.pack_module("nodes.machinery.dit_blocks").parse_dit_blocks
-    chosen = parse(blocks, dict(FIXTURE_DEPTHS[fixture]))
+    chosen = parse(blocks, dict(FIXTURE_DEPTHS[fixture]), video=fixture == "wan")
     real = {group: set() for group, _ in target.depths}
     for (group, n), (_, depth) in zip(FIXTURE_DEPTHS[fixture], target.depths):
         for i in getattr(chosen, group):

@@ -5,10 +5,11 @@ predicted real-size speed-ups on Flux.1-dev (20 steps) and SDXL (30 steps) at 10
     python -m bench.speed.defaults_search table       # the search table from that record and the cost model
 
 Criterion: among the settings whose predicted end-to-end speed-up (bench/speed/realsize.py) is
->= 1.25x on both Flux.1-dev and SDXL at 1024 px, the best mean fixture quality (PSNR against the
+>= 1.25x (--at-least LABEL: at least that candidate's) on both Flux.1-dev and SDXL at 1024 px, the best mean fixture quality (PSNR against the
 unpatched image, mean over the Flux and SDXL fixtures and 5 seeds), with SSIM >= 0.95 on both.
 
-`quality` samples only what the table needs: per fixture and seed, the unpatched image and each
+A candidate's `blocks` may name a rule instead of a list (`blocks_of`: "old-auto", "later", "later-2/3"),
+resolved per model, real or fixture. `quality` samples only what the table needs: per fixture and seed, the unpatched image and each
 candidate, through the quality bench's own node chains and sampler (
 build_variant, sample, image_metrics in bench/quality/quality.py), untimed. Results are written after every seed. The margin
 against fewer steps compares a setting's PSNR with the fewer-steps PSNR of the same fixture at
@@ -23,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ from . import realsize_model as model
 
 QUALITY = Path(__file__).resolve().parent / "defaults_search_fixtures.json"
 """The committed record of the last `quality` run (5 seeds, every candidate)."""
+LATER = Path(__file__).resolve().parent / "defaults_search_later.json"
+"""The record of the `blocks` auto study (3 seeds, bench/speed/defaults_later_candidates.json; docs/defaults.md)."""
 
 CANDIDATES: list[model.Setting] = [
     model.Setting(0.5, 4, 0.75),
@@ -59,13 +63,40 @@ STEP_FRACTIONS = (0.9, 0.8, 0.7, 0.6)
 """Fewer-steps rows sampled for the margin column (18, 16, 14, 12 of 20 steps)."""
 
 
-def row_of(s: model.Setting) -> dict[str, Any]:
+OLD_AUTO = "old-auto"
+"""`blocks` of a candidate: blocks auto before the later half (every stream but its first min(5, n // 3)
+blocks; every UNet transformer block, as it was on SDXL and the fixtures). "later": the later half."""
+
+
+def blocks_of(blocks: str, sizes: dict[str, int] | None) -> str:
+    """A candidate's `blocks` as a list for a model with sizes[stream] DiT blocks (None: a UNet): OLD_AUTO,
+    "later" (each stream from n // 2; the UNet's output blocks), "later-2/3" (from n // 3; middle and output)."""
+    if blocks not in FIRST:
+        return blocks
+    if sizes is None:
+        return {OLD_AUTO: "all", "later": "output"}.get(blocks, "middle,output")
+    return ",".join(f"{g}:{FIRST[blocks](n)}-{n - 1}" for g, n in sizes.items())
+
+
+FIRST = {OLD_AUTO: lambda n: min(5, n // 3), "later": lambda n: n // 2, "later-2/3": lambda n: n // 3}
+"""The first block of a DiT stream of n that each rule of blocks_of merges."""
+
+
+def row_of(s: model.Setting, sizes: dict[str, int] | None) -> dict[str, Any]:
+    """The candidate as a quality row; min_tokens 0, as trained.patch_at_node_defaults measures a fixture."""
     inputs = {"ratio": s.ratio, "tile_size": s.tile_size, "start_percent": s.start_percent, "end_percent": s.end_percent,
-              "recompute_every": s.recompute_every, "merge_every": s.merge_every}
-    node = "ToMAPatch" if s.blocks == "auto" else "ToMAPatchAdvanced"
+              "recompute_every": s.recompute_every, "merge_every": s.merge_every, "min_tokens": 0}
+    node = "ToMAPatch" if s.blocks == "auto" and s.scope == "block" else "ToMAPatchAdvanced"
     if node == "ToMAPatchAdvanced":
-        inputs["blocks"] = s.blocks
+        inputs |= {"blocks": blocks_of(s.blocks, sizes), "scope": s.scope}
     return {"label": s.label(), "group": "search", "quick": True, "only": (), "chain": [(node, inputs)]}
+
+
+def stream_sizes(diffusion_model: Any) -> dict[str, int] | None:
+    """{stream: blocks} of a Flux-layout model, None for a UNet."""
+    if not hasattr(diffusion_model, "double_blocks"):
+        return None
+    return {"double": len(diffusion_model.double_blocks), "single": len(diffusion_model.single_blocks)}
 
 
 def cmd_quality(args: argparse.Namespace) -> None:
@@ -85,7 +116,8 @@ def cmd_quality(args: argparse.Namespace) -> None:
         rows = [{"label": q.REFERENCE, "group": "reference", "quick": True, "only": (), "chain": []}]
         rows += [{"label": f"steps x{f:g}", "group": "fewer steps", "quick": True, "only": (), "chain": [], "steps": f}
                  for f in STEP_FRACTIONS if args.steps_rows]
-        rows += [row_of(s) for s in candidates(args)]
+        sizes = stream_sizes(fam.model.get_model_object("diffusion_model"))
+        rows += [row_of(s, sizes) for s in candidates(args)]
         variants = {r["label"]: q.build_variant(r, name, fam.model, ref_steps, nodes) for r in rows}
         out = results["families"].setdefault(name, {"steps": ref_steps, "sampler": fam.sampler, "rows": {}})
         started = time.perf_counter()
@@ -140,14 +172,19 @@ def cmd_table(args: argparse.Namespace) -> None:
     rs.import_comfy()
     quality = merge_quality([json.loads(path.read_text()) for path in args.quality])
     cache = realsize.load_cache(args.cache)
-    plans = realsize.PlanTimes(cache, "cpu")
+    plans, kvs = realsize.PlanTimes(cache, "cpu"), realsize.KvTimes(cache, "cpu")
     costs = {name: model.fit_family(name, cache) for name in ("flux", "sdxl")}
-    lines = ["| setting | Flux.1-dev 1024 | SDXL 1024 | Flux fixture PSNR / SSIM | SDXL fixture PSNR / SSIM | mean PSNR | "
-             "fewer steps at equal speed-up, Flux / SDXL (dB) | meets |", "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+    sizes = {"flux": rs.dit_kinds("flux"), "sdxl": None}
+    speeds = {s.label(): {name: model.predict(cost, args.resolution, replace(s, blocks=blocks_of(s.blocks, sizes[name])),
+                                              plan_ms=plans, kv_ms=kvs).speedup for name, cost in costs.items()} for s in candidates(args)}
+    floor = speeds[args.at_least] if args.at_least else dict.fromkeys(costs, args.min_speedup)
+    lines = [f"| setting | Flux.1-dev {args.resolution} | SDXL {args.resolution} | Flux fixture PSNR / SSIM | SDXL fixture PSNR / SSIM | mean PSNR | "
+             "SD1.5 fixture PSNR | fewer steps at equal speed-up, Flux / SDXL (dB) | meets |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     chosen = []
     for s in candidates(args):
-        speed = {name: model.predict(cost, "1024", s, plan_ms=plans).speedup for name, cost in costs.items()}
-        cells, psnrs, ok = [], [], min(speed.values()) >= args.min_speedup
+        speed = speeds[s.label()]
+        cells, psnrs, ok = [], [], all(speed[name] >= floor[name] - 5e-4 for name in costs)
         margins = []
         for name in ("flux", "sdxl"):
             fam = quality["families"].get(name, {})
@@ -164,11 +201,14 @@ def cmd_table(args: argparse.Namespace) -> None:
             f = fewer_steps_psnr(fam["rows"], steps, steps / speed[name])
             margins.append("–" if f is None else f"{p - f:+.1f}")
         mean = statistics.mean(psnrs) if len(psnrs) == 2 else float("nan")
+        sd15 = quality["families"].get("sd15", {}).get("rows", {}).get(s.label())
+        sd15_cell = "–" if sd15 is None else f"{statistics.mean(sd15['psnr']):.1f}"
         if ok:
             chosen.append((mean, s))
         lines.append(f"| {s.label()} | {speed['flux']:.2f}x | {speed['sdxl']:.2f}x | {' | '.join(cells)} | {mean:.1f} | "
-                     f"{' / '.join(margins)} | {'yes' if ok else 'no'} |")
-    if plans.timed:
+                     f"{sd15_cell} | "
+                     f"{' / '.join(margins) or '–'} | {'yes' if ok else 'no'} |")
+    if plans.timed or kvs.timed:
         realsize.save_cache(args.cache, cache)
     best = max(chosen, key=lambda t: t[0])[1].label() if chosen else "none"
     text = "\n".join(lines) + f"\n\nBest setting meeting every constraint: **{best}**.\n"
@@ -192,7 +232,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("--quality", type=Path, nargs="+", default=[QUALITY])
     t.add_argument("--candidates", type=Path, default=None, help="JSON list of settings instead of CANDIDATES")
     t.add_argument("--cache", type=Path, default=realsize.CACHE)
+    t.add_argument("--resolution", default="1024", choices=["1024", "2048"])
     t.add_argument("--min-speedup", type=float, default=1.25)
+    t.add_argument("--at-least", default=None, metavar="LABEL",
+                   help="instead of --min-speedup: at least this candidate's predicted speed-up on each model")
     t.add_argument("--min-ssim", type=float, default=0.95)
     t.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -316,7 +316,7 @@ def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[
         return [BlockSite(f"unet{int(s.module.attn1.to_q.weight.shape[0])}", spec.selects(s.block, s.downsample), s.downsample)
                 for s in sites]
     kinds = dit_kinds(name, reduced)
-    parse = pack_module("nodes.machinery.dit_blocks").parse_dit_blocks
+    parse = partial(pack_module("nodes.machinery.dit_blocks").parse_dit_blocks, video=fam.video)
     if "joint" in kinds:
         total = kinds["joint"] + 1
         chosen = parse(blocks, {"double": total})

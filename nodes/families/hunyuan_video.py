@@ -82,7 +82,7 @@ def apply(model, settings: ToMASettings) -> HunyuanAdapter:
     require_block_scope(settings, "HunyuanVideo")
     dm = model.get_model_object("diffusion_model")
     sizes = {"double": len(dm.double_blocks), "single": len(dm.single_blocks)}
-    blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"])
+    blocks = parse_flux_blocks(settings.blocks, sizes["double"], sizes["single"], video=True)
     install_dit_hooks(model, sizes, blocks, {"double": merged_double, "single": merged_single})
     return HunyuanAdapter("hunyuan_video", blocks.describe(), blocks.count, int(dm.patch_size[-1]), None, settings.tile_frames)
 

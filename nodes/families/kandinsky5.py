@@ -71,7 +71,7 @@ def apply(model, settings: ToMASettings) -> Kandinsky5Adapter:
     require_block_scope(settings, "Kandinsky 5")
     dm = model.get_model_object("diffusion_model")
     count = len(dm.visual_transformer_blocks)
-    chosen = parse_dit_blocks(settings.blocks, {"blocks": count})
+    chosen = parse_dit_blocks(settings.blocks, {"blocks": count}, video=True)
     paths = {f"visual_transformer_blocks.{i}": i in chosen.blocks for i in range(count)}
     install_forward_patches(model, paths, lambda path, foreign: make_forward(dm.get_submodule(path), foreign))
     return Kandinsky5Adapter("kandinsky5", chosen.describe(), chosen.count, tuple(dm.patch_size), settings.tile_frames)

@@ -7,11 +7,12 @@ of `BasicTransformerBlock`s; a selected block merges all of them.
 
 Accepted `blocks` strings:
 
-- "auto": every transformer block whose resolution level is downsampled at most
-  `AUTO_MAX_DOWNSAMPLE` times from the latent. On SDXL this is every transformer block (levels
-  1/2 and 1/4: 10 blocks at 4096 tokens and 60 at 1024 tokens at 1024^2 — the 1/4 level holds
-  most of the compute). On SD1.x/2.x it is levels 1, 1/2 and 1/4 and leaves out the 1/8 middle
-  block (64 tokens at 512^2), where tiles would span a large part of the image.
+- "auto": the later half, the output (decoder) blocks whose resolution level is downsampled at most
+  `AUTO_MAX_DOWNSAMPLE` times from the latent. On SDXL this is output 0-5 (36 of its 70 transformer
+  blocks: 30 at 1/4, 6 at 1/2); on SD1.x/2.x output 3-11 (levels 1/4, 1/2 and 1). As on the DiTs
+  (machinery/dit_blocks.py), the first blocks lay out the image and their error runs through the rest:
+  on the trained fixtures the output blocks kept more at the same predicted real-size speed-up than
+  every block (docs/defaults.md). Tiles at the 1/8 level would span a large part of the image.
 - "all": every transformer block.
 - a list in the grammar of machinery/block_lists.py: comma-separated items `group[:range]` with
   group in input / middle / output and ranges such as `4-8` or `4`; a bare range continues the
@@ -48,7 +49,7 @@ class UNetBlockSpec:
         if self.mode == "all":
             return True
         if self.mode == "auto":
-            return downsample <= AUTO_MAX_DOWNSAMPLE
+            return block[0] == "output" and downsample <= AUTO_MAX_DOWNSAMPLE
         return block[0] in self.groups or (block[0], int(block[1])) in self.ids
 
     def describe(self) -> str:

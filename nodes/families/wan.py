@@ -140,7 +140,7 @@ def apply(model, settings: ToMASettings) -> WanAdapter:
     require_block_scope(settings, "Wan")
     dm = model.get_model_object("diffusion_model")
     variant = _variant(dm)
-    chosen = parse_dit_blocks(settings.blocks, {"blocks": len(dm.blocks)})
+    chosen = parse_dit_blocks(settings.blocks, {"blocks": len(dm.blocks)}, video=True)
     # ComfyUI's key for Wan blocks is ("double_block", i) (WanModel.forward_orig); users name them blocks:5-39
     install_dit_hooks(model, {"double": len(dm.blocks)}, DitBlocks((("double", chosen.blocks),)), {"double": merged_block})
     blocks = chosen.describe()

@@ -54,7 +54,7 @@ def basic_inputs() -> list:
             "start_percent", default=NODE_START_PERCENT, min=0.0, max=1.0, step=0.01,
             tooltip="Point of the sampling run (sigma percent, 0 = first step) where merging starts. "
             f"{NODE_START_PERCENT:g} (default) leaves the first steps, which lay out the image, exact and merges the "
-            "rest: about 1.3x end to end on Flux.1-dev and SDXL at 1024 px (predicted from real-size block "
+            "rest: about 1.3-1.4x end to end on Flux.1-dev and SDXL at 1024 px (predicted from real-size block "
             "timings). Lower it for more speed, raise it to keep more of the unpatched image.",
         ),
         io.Float.Input(
@@ -100,8 +100,9 @@ def advanced_inputs() -> list:
     return [
         io.String.Input(
             "blocks", default="auto",
-            tooltip="Blocks that merge: 'auto' (recommended per model: the DiTs all but the first few blocks of each "
-            "stream, SDXL every transformer block, SD1.5 all but the 1/8-resolution middle), 'all', or a list "
+            tooltip="Blocks that merge: 'auto' (recommended: the later half of the model, which keeps more of the "
+            "image at the same speed than merging the early blocks too: each stream's later half on image DiTs, "
+            "the output blocks on UNets; video models all but the first few blocks of each stream), 'all', or a list "
             f"such as {blocks_examples()}.",
         ),
         io.String.Input(

@@ -49,7 +49,9 @@ class Toma:
 
 
 def patch(toma: Toma, model: Any, ratio: float = 0.5, start: float = 0.0, end: float = 1.0, every: int = 1, **kwargs: Any) -> Any:
-    """ToMA on a clone of `model` with these settings (the settings' own defaults otherwise)."""
+    """ToMA on a clone of `model` with these settings (the settings' own defaults otherwise, but blocks
+    "all": every block of the tiny models, whose mechanics these tests check; "auto" has its own tests)."""
+    kwargs.setdefault("blocks", "all")
     schedule = toma.core.MergeSchedule(start, end, every)
     return toma.patching.patch_model(model, toma.settings.ToMASettings(ratio=ratio, schedule=schedule, **kwargs))
 

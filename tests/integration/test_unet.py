@@ -97,15 +97,15 @@ def test_builtin_tome_is_a_no_op_on_sdxl_but_toma_is_not(tiny_sdxl: Any, tiny: A
 
 
 def test_sd15_levels_and_auto(tiny_sd15: Any, tiny: Any, toma: Any) -> None:
-    """SD1.5: transformers at full latent resolution too; auto leaves out the 1/8 middle block."""
+    """SD1.5: transformers at full latent resolution too; auto merges the output blocks (the later half)
+    at every level, full resolution included, and no input or middle block."""
     plain, plain_calls = record_attention(tiny_sd15)
-    merged, merged_calls = record_attention(patch(toma, tiny_sd15))
+    merged, merged_calls = record_attention(patch(toma, tiny_sd15, blocks="auto"))
     baseline = tiny.sample(plain, LATENT, steps=1)
     out = tiny.sample(merged, LATENT, steps=1)
     plain_q = self_attention(plain_calls)
     assert plain_q == [256, 256, 64, 64, 16, 16, 4, 16, 16, 16, 64, 64, 64, 256, 256, 256]
-    expected = [n // 2 for n in plain_q]
-    expected[6] = 4  # middle block (2x2, 1/8) is not merged by auto
+    expected = plain_q[:7] + [n // 2 for n in plain_q[7:]]  # input 1-8 and the middle run as they are
     assert self_attention(merged_calls) == expected
     assert rel(out, baseline) > 1e-3
     # The built-in ToMe does act on SD1.5 (full-resolution transformers): our test can see it.
@@ -468,9 +468,9 @@ def test_bench_sdxl_runs(comfy: Any) -> None:
 @pytest.mark.parametrize(
     "family, depth, expected",
     [
-        # SDXL (comfy.supported_models.SDXL's unet config): 10 blocks at 1/2 (64x64 at 1024^2), 60 at 1/4 (32x32); auto takes all 70.
+        # SDXL (comfy.supported_models.SDXL's unet config): 10 blocks at 1/2 (64x64 at 1024^2), 60 at 1/4 (32x32); auto takes output 0-5, 36.
         ("SDXL", ([0, 0, 2, 2, 10, 10], [0, 0, 0, 2, 2, 2, 10, 10, 10], 10), {2: 10, 4: 60}),
-        # SD1.5: one block per transformer at 1, 1/2, 1/4 and the 1/8 middle; auto leaves the middle out.
+        # SD1.5: one block per transformer at 1, 1/2, 1/4 and the 1/8 middle; auto takes output 3-11, 9.
         ("SD15", ([1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], 1), {1: 5, 2: 5, 4: 5, 8: 1}),
     ],
 )
@@ -494,7 +494,7 @@ def test_real_topology_sites_and_auto(comfy: Any, toma: Any, family: str, depth:
     assert Counter(s.downsample for s in sites) == expected
     auto = pack_module("nodes.families.unet_blocks").parse_unet_blocks("auto")
     chosen = [s for s in sites if auto.selects(s.block, s.downsample)]
-    assert len(chosen) == (70 if sdxl else 15)
+    assert len(chosen) == (36 if sdxl else 9) and all(s.block[0] == "output" for s in chosen)
     if sdxl:
         assert {s.block for s in sites if s.downsample == 4} == {("input", 7), ("input", 8), ("middle", 0), ("output", 0), ("output", 1), ("output", 2)}
 

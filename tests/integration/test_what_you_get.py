@@ -4,12 +4,11 @@ fixture record (bench/speed/what_you_get.py): a changed probe, setting or row wi
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 import pytest
 
-from bench.speed import defaults_search, realsize
+from bench.speed import realsize
 from bench.speed import what_you_get as wyg
 
 
@@ -18,7 +17,7 @@ def test_the_tables_are_the_generated_ones(comfy: Path) -> None:
         pytest.skip("the table prices ComfyUI 0.33's models (Flux.2, Kandinsky 5, ...), which this ComfyUI lacks")
     cache = realsize.load_cache(realsize.CACHE)
     plans, kvs = realsize.PlanTimes(cache, "cpu"), realsize.KvTimes(cache, "cpu")
-    quality = defaults_search.merge_quality([json.loads(defaults_search.QUALITY.read_text())])
+    quality = wyg.fixture_record()
     generated = wyg.section(cache, quality, plans, kvs)
     assert plans.timed == kvs.timed == 0, "the cache lacks a plan or K / V merge: run `python -m bench.speed.what_you_get --write`"
     table = wyg.TABLE.read_text(encoding="utf-8")
