@@ -55,7 +55,7 @@ class Fixture:
             self.patcher, self.cond = trained.load_model(self.name), trained.conditioning_tensors(family)
             self.shape, self.latent_format = trained.latent_shape(family), trained._latent_format(family)
             self.positive = trained.conditioning(family)
-            self.decode, self.sampler = (lambda z: trained.decode(family, z)), dict(trained.SAMPLER[family])
+            self.decode, self.sampler = (lambda z: trained.decode(family, z)), dict(trained.SAMPLER[self.name])
         self.model = self.patcher.model
 
     def kwargs(self, batch: int) -> dict[str, torch.Tensor]:
