@@ -56,7 +56,7 @@ class Fixture:
             self.shape, self.latent_format = trained.latent_shape(family), trained._latent_format(family)
             self.positive = trained.conditioning(family)
             self.decode, self.sampler = (lambda z: trained.decode(family, z)), dict(trained.SAMPLER[self.name])
-        self.model = self.patcher.model
+        self.model, self.path = self.patcher.model, tv.weights_path(student) if self.video else trained.weights_path(self.name)
 
     def kwargs(self, batch: int) -> dict[str, torch.Tensor]:
         return tvf.model_kwargs(self.model, self.cond, batch) if self.video else \
@@ -118,6 +118,18 @@ def proof(teacher: Fixture, student: Fixture) -> dict[str, Any]:
     return {"seeds": list(PROOF_SEEDS), "psnr_vs_teacher_20": table}
 
 
+def teacher_names(path: Path, teacher: Path, metadata: dict[str, str] | None) -> None:
+    """Rewrite `path` with the teacher file's tensor names: ComfyUI 0.33 names Flux's RMSNorm gains
+    `*_norm.weight` where the fixtures (and 0.3.64, which does not convert) say `*_norm.scale`."""
+    from safetensors.torch import load_file, save_file
+
+    names = set(load_file(str(teacher)))
+    tensors = {k if k in names else k.removesuffix(".weight") + ".scale": v for k, v in load_file(str(path)).items()}
+    if set(tensors) != names:
+        raise RuntimeError(f"{path}: tensor names differ from {teacher}: {sorted(set(tensors) ^ names)[:4]}")
+    save_file(tensors, str(path), metadata=metadata)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", required=True, choices=["flux", tv.FAMILY])
@@ -171,8 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     minutes = (time.monotonic() - start) / 60
     student.model.eval()
     name = f"{args.family}_4step"
-    weights = write_weights(args.out, name, student.model.diffusion_model, teacher.cond,
-                            tv.loader_metadata() if teacher.video else None)
+    header = tv.loader_metadata() if teacher.video else None
+    weights = write_weights(args.out, name, student.model.diffusion_model, teacher.cond, header)
+    teacher_names(weights, teacher.path, header)
     reloaded = Fixture(args.family, student=True)
     reloaded.positive = teacher.positive  # the same fixed conditioning, whichever folder --out names
     table = proof(teacher, reloaded)
