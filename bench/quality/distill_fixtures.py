@@ -1,22 +1,17 @@
 """Distil a trained fixture into a 4-step student by reflow on the teacher's own 20-step couplings.
 
-    COMFYUI_PATH=/path/to/ComfyUI OMP_NUM_THREADS=1 python -m bench.quality.distill_fixtures --family flux --pairs 96 --minutes 12
+    COMFYUI_PATH=/path/to/ComfyUI OMP_NUM_THREADS=1 python -m bench.quality.distill_fixtures --family flux --pairs 64 --minutes 12 --lr 2e-4
 
-Writes fixtures/<family>_4step.safetensors (fp16 weights + the teacher's fixed conditioning) and its
-.json (method, command, seeds, minutes, losses, the proof table). Method (rectified-flow "reflow",
-arXiv 2209.03003, on the teacher's ODE couplings, as step-distillation LoRAs such as LightX2V's
-target a few-step Euler schedule): noises z (seeds from ``PAIR_SEED``, disjoint from the proof's
-seeds 0..7) go through the teacher's own sampler (``comfy.sample.sample``, euler / simple, 20 steps)
-to x0 = teacher(z). The student starts as a copy of the teacher and learns, through
-``BaseModel.apply_model`` (the teacher's training path, ``train_fixtures``), to predict x0 from
-x_t = sigma z + (1 - sigma) x0 (model space; ``CONST.noise_scaling``), sigma drawn from the sigmas
-the 4-step euler / simple schedule visits (``comfy.samplers.calculate_sigmas``) with probability
-``--on-grid``, else from the teacher's training distribution (uniform flow time, the class's shift).
-An exact x0 prediction makes each Euler step land on the line from z to x0, so 4 steps reach x0.
-Loss: MSE of the denoised prediction against x0, which is what the last step returns.
-
-Proof: on seeds 0..7 (as quality.py draws them), PSNR of decoded outputs against the teacher's
-20 steps, for the teacher at 4 steps and the student at 3, 4 and 8 steps (Wan: over the whole clip).
+Writes fixtures/<family>_4step.safetensors (fp16, the teacher's tensor names and conditioning) and
+its .json (command, seeds, minutes, losses, proof). Reflow (arXiv 2209.03003): noises z (seeds from
+PAIR_SEED, disjoint from PROOF_SEEDS) go through the teacher's 20-step euler / simple sampler
+(``comfy.sample.sample``) to x0; the student, a copy of the teacher, learns through
+``BaseModel.apply_model`` (``train_fixtures``' path) to predict x0 from x_t = sigma z + (1 - sigma) x0
+(``CONST.noise_scaling``), sigma one of the 4-step schedule's (``comfy.samplers.calculate_sigmas``)
+with probability ``--on-grid``, else the teacher's uniform flow time through the class's shift. An
+exact prediction puts every Euler step on the line from z to x0. Loss: MSE of denoised against x0.
+Proof: PSNR of decoded outputs on PROOF_SEEDS (as quality.py draws them) against the teacher's 20
+steps: the teacher at 4 steps, the student at 3, 4 and 8 (Wan: over the whole clip).
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import metrics, trained
-from harness import trained_video as tv
+from harness import comfy_env, metrics, trained, trained_video as tv
 
 from . import train_video_fixture as tvf
 from .train_fixtures import import_comfy, lr_at, model_kwargs, training_transformer_options, write_meta, write_weights
@@ -59,8 +53,7 @@ class Fixture:
         self.model, self.path = self.patcher.model, tv.weights_path(student) if self.video else trained.weights_path(self.name)
 
     def kwargs(self, batch: int) -> dict[str, torch.Tensor]:
-        return tvf.model_kwargs(self.model, self.cond, batch) if self.video else \
-            model_kwargs(self.model, self.family, self.cond, batch)
+        return tvf.model_kwargs(self.model, self.cond, batch) if self.video else model_kwargs(self.model, self.family, self.cond, batch)
 
     def noise(self, seeds: list[int]) -> torch.Tensor:
         """(B, ...) noises, each the one quality.py / comfy.sample.prepare_noise draws for its seed."""
@@ -85,8 +78,7 @@ class Fixture:
 
 
 def sigmas(model: Any, batch: int, on_grid: float, steps: int, gen: torch.Generator) -> torch.Tensor:
-    """(B,) training sigmas: the `steps`-step schedule's nonzero sigmas, or (1 - on_grid) of the time
-    the teacher's uniform flow time through the class's shift."""
+    """(B,) sigmas: the `steps`-step schedule's (share `on_grid`), else the teacher's training draw."""
     import comfy.samplers
 
     ms = model.model_sampling
@@ -199,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
                          "loss_history": history},
         "proof": table,
         "command": "COMFYUI_PATH=<ComfyUI> OMP_NUM_THREADS=1 python -m bench.quality.distill_fixtures " + " ".join(sys.argv[1:]),
-        "versions": {"torch": torch.__version__, "comfyui": __import__("harness.comfy_env").comfy_env.comfy_version(root)},
+        "versions": {"torch": torch.__version__, "comfyui": comfy_env.comfy_version(root)},
     }
     write_meta(args.out, name, meta, weights)
 
