@@ -47,7 +47,7 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,13 @@ SPECS: dict[str, Family] = {
 
 FAMILIES: tuple[str, ...] = ("flux", "sdxl", "sd15")
 
+STUDENTS: dict[str, str] = {"flux_4step": "flux"}
+"""Step-distilled students (``bench/quality/distill_fixtures.py``) and their teachers: the teacher's
+class, codec and conditioning, sampled at 4 steps. Not in FAMILIES (the fixtures every bench and
+test iterates over); name one where a study wants it (``quality.py --families flux_4step``)."""
+SPECS |= {name: replace(SPECS[teacher], sampler=SPECS[teacher].sampler | {"steps": 4})
+          for name, teacher in STUDENTS.items()}
+
 SAMPLER: dict[str, dict[str, Any]] = {name: dict(spec.sampler) for name, spec in SPECS.items()}
 """Per family, the settings the quality bench samples with through ``comfy.sample.sample``."""
 
@@ -173,9 +180,10 @@ def meta_path(family: str) -> Path:
     return weights_path(family).with_suffix(".json")
 
 
-def available() -> tuple[str, ...]:
-    """Families whose fixture weights exist."""
-    return tuple(name for name in FAMILIES if weights_path(name).is_file())
+def available(students: bool = False) -> tuple[str, ...]:
+    """Families whose fixture weights exist (with `students`, the step-distilled ones too)."""
+    names = (*FAMILIES, *STUDENTS) if students else FAMILIES
+    return tuple(name for name in names if weights_path(name).is_file())
 
 
 def metadata(family: str) -> dict[str, Any]:

@@ -63,6 +63,11 @@ Attention over 2,304 tokens is most of a forward at this width (as at Wan 14B's 
 
 SAMPLER: dict[str, Any] = {"steps": 20, "sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}
 
+STUDENT = "wan_4step"
+"""The step-distilled student (``bench/quality/distill_fixtures.py``): the same class, codec and
+context, sampled with STUDENT_SAMPLER; ``load_model(student=True)``."""
+STUDENT_SAMPLER: dict[str, Any] = SAMPLER | {"steps": 4}
+
 LOADER_CONFIG: dict[str, Any] = {"num_heads": WAN_CONFIG["num_heads"], "text_dim": WAN_CONFIG["text_dim"]}
 """The WAN_CONFIG entries ``comfy.model_detection.detect_unet_config`` cannot read from the weights'
 shapes (it sets num_heads = dim // 128, 0 at width 64, and leaves text_dim at WanModel's 4096). On
@@ -75,16 +80,16 @@ def loader_metadata() -> dict[str, str]:
     return {"config": json.dumps({"transformer": LOADER_CONFIG})}
 
 
-def weights_path() -> Path:
-    return trained.FIXTURE_DIR / f"{FAMILY}.safetensors"
+def weights_path(student: bool = False) -> Path:
+    return trained.FIXTURE_DIR / f"{STUDENT if student else FAMILY}.safetensors"
 
 
-def meta_path() -> Path:
-    return weights_path().with_suffix(".json")
+def meta_path(student: bool = False) -> Path:
+    return weights_path(student).with_suffix(".json")
 
 
-def available() -> bool:
-    return weights_path().is_file()
+def available(student: bool = False) -> bool:
+    return weights_path(student).is_file()
 
 
 def metadata() -> dict[str, Any]:
@@ -222,23 +227,23 @@ def build_model(dtype: torch.dtype = torch.float32) -> Any:
     return tiny_models.model_config(comfy.supported_models.WAN21_T2V, WAN_CONFIG, dtype).get_model({})
 
 
-def _read_fixture() -> dict[str, torch.Tensor]:
+def _read_fixture(student: bool = False) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(str(weights_path()))
+    return load_file(str(weights_path(student)))
 
 
-def load_model(dtype: torch.dtype = torch.float32) -> Any:
-    """The fixture in a ModelPatcher: trained weights (stored fp16, run in `dtype`), or seeded random
-    weights when fixtures/wan.safetensors is missing (logged)."""
+def load_model(dtype: torch.dtype = torch.float32, student: bool = False) -> Any:
+    """The fixture (`student`: the 4-step student) in a ModelPatcher: trained weights (stored fp16, run
+    in `dtype`), or seeded random weights when its file is missing (logged)."""
     import comfy.model_patcher
 
     model = build_model(dtype)
-    if available():
-        state = {k: v.to(dtype) for k, v in _read_fixture().items() if not k.startswith(trained.COND_PREFIX)}
+    if available(student):
+        state = {k: v.to(dtype) for k, v in _read_fixture(student).items() if not k.startswith(trained.COND_PREFIX)}
         model.diffusion_model.load_state_dict(state, strict=True)
     else:
-        log.warning("%s missing: the Wan fixture has random weights", weights_path())
+        log.warning("%s missing: the Wan fixture has random weights", weights_path(student))
         tiny_models.init_weights(model.diffusion_model, trained.RANDOM_INIT_SEED)
     model.eval()
     device = torch.device("cpu")

@@ -420,7 +420,10 @@ def later_blocks(model: Any) -> str:
 def build_variant(row: dict[str, Any], family: str, model: Any, ref_steps: int, nodes: dict[str, type]) -> Variant | str:
     """The row's patched model (its chain of nodes on `model`), or why it is skipped. A ToMA link's
     inputs that are ToMASettings fields but no input of its node (``settings_only``) are set on the
-    settings the node built (``override_settings``)."""
+    settings the node built (``override_settings``). A step-distilled student runs its teacher's rows."""
+    from harness import trained
+
+    family = trained.STUDENTS.get(family, family)
     if row["only"] and family not in row["only"]:
         return f"not for {family} (only {', '.join(row['only'])})"
     steps = max(1, round(row["steps"] * ref_steps)) if "steps" in row else ref_steps
@@ -751,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import quality_report
 
     families = args.families or list(trained.available())
-    missing = [f for f in families if f not in trained.available()]
+    missing = [f for f in families if f not in trained.available(students=True)]
     if missing or not families:
         sys.exit(f"error: no fixture for {', '.join(missing) or 'any family'} in {trained.FIXTURE_DIR} "
                  f"(present: {', '.join(trained.available()) or 'none'})")

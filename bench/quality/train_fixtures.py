@@ -231,7 +231,7 @@ def heldout_loss(model: Any, family: str, x0: torch.Tensor, kwargs: dict, option
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", required=True, choices=sorted(trained.SPECS))
+    p.add_argument("--family", required=True, choices=trained.FAMILIES)
     p.add_argument("--minutes", type=float, default=20.0, help="wall-time budget of the training loop")
     p.add_argument("--steps", type=int, default=0, help="step budget instead of --minutes (exactly reproducible)")
     p.add_argument("--seed", type=int, default=0)

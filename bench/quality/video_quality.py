@@ -125,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="an extra row in every regime, as quality.py's --add")
     p.add_argument("--steps", type=int, default=0, help="override every regime's reference step count (smoke tests)")
     p.add_argument("--no-predict", action="store_true", help="skip the real-size predictions")
+    p.add_argument("--student", action="store_true", help="the 4-step student (fixtures/wan_4step; --regimes '4 steps')")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--attention", default="pytorch", choices=["pytorch", "comfy-default"])
     p.add_argument("--out", type=Path, default=BENCH / "out" / "video_quality")
@@ -138,11 +139,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- sampling ----------------------------------------------------------------------------------------
 
-def load_fixture() -> quality.Family:
-    """The Wan fixture as quality.py samples a fixture: its clips decode to (F, H, W, 3) in [0, 1]."""
+def load_fixture(student: bool = False) -> quality.Family:
+    """The Wan fixture (or its 4-step student) as quality.py samples a fixture: its clips decode to
+    (F, H, W, 3) in [0, 1]."""
     from harness import trained_video as tv
 
-    model = tv.load_model()
+    model = tv.load_model(student=student)
     positive, negative = tv.conditioning()
     return quality.Family("wan", model, positive, negative, dict(tv.SAMPLER), torch.zeros(tv.latent_shape()),
                           quality.BlockRuns(model.get_model_object("diffusion_model")),
@@ -224,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import video_report
 
-    if not tv.available():
-        sys.exit(f"error: {tv.weights_path()} missing (train it: python -m bench.quality.train_video_fixture)")
+    if not tv.available(args.student):
+        sys.exit(f"error: {tv.weights_path(args.student)} missing (train it: python -m bench.quality.train_video_fixture)")
     tap = quality.LogTap.install()
-    fam = load_fixture()
+    fam = load_fixture(args.student)
     header = cli.run_header(root, args) + f"Wan fixture {tv.latent_shape()}, {args.seeds} seeds"
     print(header, flush=True)
     results, metas, picture = [], [], {}
