@@ -33,7 +33,7 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 MAX_THUMBNAIL_BYTES = 300_000
 
 BASIC_WIDGETS = 6  # ratio, tile_size, start_percent, end_percent, recompute_every, merge_every
-ADVANCED_WIDGETS = BASIC_WIDGETS + 10  # blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, unmerge, tile_frames
+ADVANCED_WIDGETS = BASIC_WIDGETS + 12  # blocks, min_tokens, similarity, temperature, budget, proportional_attention, scope, verbose, unmerge, tile_frames, destinations, destination_penalty
 WIDGET_COUNTS = {"ToMAPatch": BASIC_WIDGETS, "ToMAPatchAdvanced": ADVANCED_WIDGETS}
 
 

@@ -75,6 +75,8 @@ def expected() -> dict[str, Any]:
         "advanced_last": {
             "unmerge": ("COMBO", defaults.unmerge, tuple(core.UNMERGES), None),
             "tile_frames": ("INT", defaults.tile_frames, *settings.TILE_FRAMES_RANGE),
+            "destinations": ("COMBO", defaults.destinations, tuple(core.DESTINATIONS), None),
+            "destination_penalty": ("FLOAT", defaults.destination_penalty, *core.PENALTY_RANGE),
         },
     }
 
