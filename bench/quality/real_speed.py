@@ -4,7 +4,7 @@ A fixture stands for a real model (``TARGETS``: Flux.1-dev and SDXL at 1024 and 
 832 x 480 x 81). A row is priced by what it runs, never by the fixture's clock:
 
 - its ToMA node, through the real-size cost model (bench/speed/realsize_model.py ``predict``, real
-  widths and token counts, scope "block" or "keys_values", a video's tile_frames) at the regime's
+  widths and token counts, scope "block" or "keys_values", "auto" as the family's own, a video's tile_frames) at the regime's
   step count. A fixture's block list (``auto`` included) is mapped to the real depth by position,
   fixture block i of n -> the i-th n-th of the real blocks, so the prediction prices the blocks whose
   quality was measured (UNet lists are priced as they are). Rows without the log-mass weight
@@ -32,6 +32,7 @@ from typing import Any
 from ..speed import realsize
 from ..speed import realsize_model as model
 from ..speed import realsize_setup as rs
+from ..speed.what_you_get import auto_scope
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ class Pricer:
     def toma(self, target: Target, inputs: dict[str, Any], ref_steps: int) -> float:
         """The predicted speed-up of a ToMA node's inputs on `target` at ref_steps steps (see the module docstring)."""
         name, cfg = target.run(ref_steps)
-        kv = inputs.get("scope", "block") == "keys_values"
+        scope = inputs.get("scope", "auto")
+        kv = (auto_scope(name) if scope == "auto" else scope) == "keys_values"
         video = rs.family(name).video
         setting = model.Setting(inputs["ratio"], inputs["tile_size"], inputs["start_percent"], inputs["end_percent"],
                                 inputs["recompute_every"], inputs["merge_every"],
