@@ -316,7 +316,9 @@ def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[
         return [BlockSite(f"unet{int(s.module.attn1.to_q.weight.shape[0])}", spec.selects(s.block, s.downsample), s.downsample)
                 for s in sites]
     kinds = dit_kinds(name, reduced)
-    parse = partial(pack_module("nodes.machinery.dit_blocks").parse_dit_blocks, video=fam.video)
+    # The pack's family decides "auto" (Kandinsky 5 Image runs the video family's rule), not the run's frames.
+    video = pack_module("nodes.families.registry").family_of(meta_patcher(name, reduced).model.diffusion_model).video
+    parse = partial(pack_module("nodes.machinery.dit_blocks").parse_dit_blocks, video=video)
     if "joint" in kinds:
         total = kinds["joint"] + 1
         chosen = parse(blocks, {"double": total})
