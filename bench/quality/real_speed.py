@@ -32,7 +32,6 @@ from typing import Any
 from ..speed import realsize
 from ..speed import realsize_model as model
 from ..speed import realsize_setup as rs
-from ..speed.what_you_get import auto_scope
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Pricer:
         """The predicted speed-up of a ToMA node's inputs on `target` at ref_steps steps (see the module docstring)."""
         name, cfg = target.run(ref_steps)
         scope = inputs.get("scope", "auto")
-        kv = (auto_scope(name) if scope == "auto" else scope) == "keys_values"
+        kv = (rs.pack_family(name).scope if scope == "auto" else scope) == "keys_values"
         video = rs.family(name).video
         setting = model.Setting(inputs["ratio"], inputs["tile_size"], inputs["start_percent"], inputs["end_percent"],
                                 inputs["recompute_every"], inputs["merge_every"],

@@ -305,6 +305,12 @@ def dit_kinds(name: str, reduced: bool = False) -> dict[str, int]:
     return {"double": len(dm.blocks)}
 
 
+def pack_family(name: str) -> Any:
+    """The pack's family (nodes/families/registry.py Family) of real family `name`: its `scope` auto
+    and its `blocks` auto rule (video or not) are the pack's, whatever the run's frames."""
+    return pack_module("nodes.families.registry").family_of(meta_patcher(name).model.diffusion_model)
+
+
 def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[BlockSite]:
     """Every transformer block of the full-size (or the timed few-block) model, with the pack's own
     selection for `blocks` (dit_blocks.parse_dit_blocks with the adapter's stream names; unet_blocks
@@ -316,9 +322,7 @@ def block_sites(name: str, blocks: str = "auto", reduced: bool = False) -> list[
         return [BlockSite(f"unet{int(s.module.attn1.to_q.weight.shape[0])}", spec.selects(s.block, s.downsample), s.downsample)
                 for s in sites]
     kinds = dit_kinds(name, reduced)
-    # The pack's family decides "auto" (Kandinsky 5 Image runs the video family's rule), not the run's frames.
-    video = pack_module("nodes.families.registry").family_of(meta_patcher(name, reduced).model.diffusion_model).video
-    parse = partial(pack_module("nodes.machinery.dit_blocks").parse_dit_blocks, video=video)
+    parse = partial(pack_module("nodes.machinery.dit_blocks").parse_dit_blocks, video=pack_family(name).video)
     if "joint" in kinds:
         total = kinds["joint"] + 1
         chosen = parse(blocks, {"double": total})

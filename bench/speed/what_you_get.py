@@ -99,17 +99,11 @@ def rows() -> list[Row]:
     ]
 
 
-def auto_scope(name: str) -> str:
-    """The scope the node's `scope` auto runs on real family `name` (nodes/families/registry.py Family.scope)."""
-    registry = rs.pack_module("nodes.families.registry")
-    return registry.family_of(rs.meta_patcher(name).model.diffusion_model).scope
-
-
 def speed_cells(row: Row, cache: dict, plans: realsize.PlanTimes, kvs: realsize.KvTimes) -> list[str]:
     """Each column's predicted speed-ups of the row's runs; the first (defaults) column at each run's auto scope."""
     cells = []
     for i, setting in enumerate(row.settings):
-        runs = [(name, resolution, dataclasses.replace(setting, scope=auto_scope(name)) if i == 0 else setting) for name, resolution in row.runs]
+        runs = [(name, resolution, dataclasses.replace(setting, scope=rs.pack_family(name).scope) if i == 0 else setting) for name, resolution in row.runs]
         preds = [model.predict(model.fit_family(name, cache), resolution, run, rs.family(name).frames, plan_ms=plans, kv_ms=kvs)
                  for name, resolution, run in runs]
         cell = " / ".join(f"{p.speedup:.2f}x" for p in preds)
@@ -172,7 +166,7 @@ def kernel_speedup(name: str, resolution: str, setting: model.Setting, kernel_na
     the family's scope (scope "auto"), or block where keys_values does not pay on the kernel."""
     prediction, cost = rs.pack_module("nodes.run.prediction"), rs.pack_module("toma_core.cost")
     kernel = rs.pack_module("toma_core.kernels").KERNELS[kernel_name]
-    scope = auto_scope(name) if auto else setting.scope
+    scope = rs.pack_family(name).scope if auto else setting.scope
     profile = toma_profile(name, dataclasses.replace(setting, scope=scope))
     if auto and scope == "keys_values" and not profile.keys_values_pays(kernel, "cuda")[0]:
         profile = toma_profile(name, dataclasses.replace(setting, scope="block"))
